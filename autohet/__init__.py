@@ -1,0 +1,16 @@
+"""autohet: the fastest way to run a CNN's inference on all of a machine's devices, found by measurement."""
+
+from __future__ import annotations
+
+from autohet.errors import UserError
+from autohet.measurement import Measurement
+from autohet.models import ModelSpec, build_model, input_shape
+from autohet.run import RunContext, run_strategy
+from autohet.strategies import Strategy, get_strategy, register_strategy, strategy_names
+from autohet.workload import Workload, WorkloadSpec
+
+__all__ = [
+    "Measurement", "ModelSpec", "RunContext", "Strategy", "UserError", "Workload", "WorkloadSpec",
+    "build_model", "get_strategy", "input_shape", "register_strategy", "run_strategy", "strategy_names",
+]
+__version__ = "0.1.0"

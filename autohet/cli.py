@@ -1,0 +1,58 @@
+"""The ``autohet`` command. Bad input ends in one line naming the fix and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from autohet.errors import UserError
+
+__all__ = ["main", "build_parser"]
+
+_COMMANDS = ["profile", "run", "tune", "export", "compare", "ui", "graph", "compile"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(2, f"autohet: error: {message} (see `autohet {self.prog.split()[-1]} --help`)\n"
+                  if " " in self.prog else f"autohet: error: {message} (see `autohet --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="autohet", description=__doc__)
+    subs = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in _COMMANDS:
+        try:
+            module = importlib.import_module(f"autohet.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"autohet.commands.{name}":
+                raise
+            continue
+        module.register(subs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as exc:
+        print(f"autohet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autohet: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if os.environ.get("AUTOHET_DEBUG"):
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        print(f"autohet: internal error: {type(exc).__name__}: {first} (rerun with AUTOHET_DEBUG=1 for the "
+              "traceback and report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The Executor extension point: one device worker that holds a model and runs index ranges."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autohet.models import ModelSpec
+from autohet.params import Param, validate_params
+from autohet.workload import Workload
+
+__all__ = ["Executor", "ExecutorSpec", "UnitResult", "EXECUTOR_PARAMS", "PRECISIONS"]
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+
+# Executor parameters that a pool file sets and a trial may vary.
+EXECUTOR_PARAMS: dict[str, Param] = {
+    "batch": Param("batch", "int", 64, 1, 4096, help="images per forward pass"),
+    "precision": Param("precision", "choice", "fp32", choices=PRECISIONS),
+    "channels_last": Param("channels_last", "bool", False),
+}
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """Where an executor runs and how: kind cpu|gpu|sim, its cores, its GPU, batch and precision."""
+
+    name: str
+    kind: str
+    cores: tuple[int, ...] = ()
+    gpu: int | None = None
+    batch: int = 64
+    precision: str = "fp32"
+    channels_last: bool = False
+    node: str | None = None
+    # simulated executors only (labelled simulated everywhere they appear)
+    speed_ips: float = 0.0
+    overhead_s: float = 0.0
+    needs_gpu: bool = False
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def device(self) -> str:
+        if self.kind == "gpu":
+            return f"cuda:{self.gpu}"
+        if self.kind == "cpu":
+            return "cpu[" + ",".join(map(str, self.cores)) + "]"
+        return "simulated-gpu" if self.needs_gpu else "simulated"
+
+    @property
+    def threads(self) -> int:
+        return max(1, len(self.cores))
+
+    def with_params(self, params: dict[str, Any]) -> ExecutorSpec:
+        """A copy with batch/precision/channels_last replaced (validated)."""
+        given = {k: v for k, v in params.items() if v is not None}
+        merged = validate_params(f"executor {self.name}", EXECUTOR_PARAMS,
+                                 {**self.executor_params(), **given})
+        return replace(self, **merged)
+
+    def executor_params(self) -> dict[str, Any]:
+        return {"batch": self.batch, "precision": self.precision, "channels_last": self.channels_last}
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.cores:
+            out["cores"] = list(self.cores)
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
+        if self.node is not None:
+            out["node"] = self.node
+        out.update(self.executor_params())
+        if self.kind == "sim":
+            out.update(speed_ips=self.speed_ips, overhead_s=self.overhead_s, needs_gpu=self.needs_gpu)
+        return out
+
+
+@dataclass
+class UnitResult:
+    """A finished work unit: outputs in image order and the seconds the executor spent on it."""
+
+    outputs: np.ndarray
+    compute_s: float
+
+
+class Executor(ABC):
+    """A device worker. ``load`` places the model and workload once; ``run`` takes index ranges."""
+
+    simulated = False
+
+    def __init__(self, spec: ExecutorSpec, model: ModelSpec) -> None:
+        self.spec = spec
+        self.model_spec = model
+        self.workload: Workload | None = None
+
+    @abstractmethod
+    def load(self, workload: Workload) -> None:
+        """Builds the model on the device, keeps the workload, warms up."""
+
+    @abstractmethod
+    def run(self, start: int, size: int) -> UnitResult:
+        """Runs images [start, start + size) and returns their outputs in order."""
+
+    def configure(self, params: dict[str, Any]) -> None:
+        """Applies batch/precision/channels_last for the next runs (rebuilds what it must)."""
+        new = self.spec.with_params(params)
+        if new != self.spec:
+            self.spec = new
+            if self.workload is not None:
+                self.load(self.workload)
+
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> float:
+        """Throughput running alone: whole units of several batches until min_seconds have passed."""
+        assert self.workload is not None, "load() first"
+        unit = max(self.spec.batch, 1) * 4
+        if max_images:
+            unit = min(unit, max_images)
+        done, elapsed = 0, 0.0
+        start = time.perf_counter()
+        while elapsed < min_seconds and (max_images is None or done < max_images):
+            self.run(done % self.workload.images, unit)
+            done += unit
+            elapsed = time.perf_counter() - start
+        return done / elapsed
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.spec.name, "device": self.spec.device, "simulated": self.simulated,
+                **self.spec.executor_params()}
+
+    def ping(self) -> str:
+        return self.spec.name

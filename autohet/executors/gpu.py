@@ -1,0 +1,115 @@
+"""One GPU: the workload pinned once in host memory, copies on their own stream overlapped with compute.
+
+Data path per work unit: slices of the pinned host bank (already in the compute dtype, so
+fp16/bf16 halve the bytes) are copied host-to-device on a copy stream into one of two device
+buffers while the compute stream runs the previous batch; outputs go device-to-host into a
+pinned buffer on the compute stream; the host waits once per unit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from autohet.errors import UserError
+from autohet.executors.base import Executor, UnitResult
+from autohet.executors.cpu import pin_cores
+from autohet.models import build_model
+from autohet.workload import Workload
+
+__all__ = ["GpuExecutor", "DTYPES"]
+
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class GpuExecutor(Executor):
+    def load(self, workload: Workload) -> None:
+        if not torch.cuda.is_available() or (self.spec.gpu or 0) >= torch.cuda.device_count():
+            raise UserError(f"executor {self.spec.name} asks for GPU {self.spec.gpu} but this node has "
+                            f"{torch.cuda.device_count()} CUDA GPUs; use actors/auto.yaml or a CPU pool")
+        if self.spec.cores:
+            pin_cores(self.spec.cores)
+        self.device = torch.device("cuda", self.spec.gpu or 0)
+        torch.cuda.set_device(self.device)
+        tf32 = self.spec.precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True
+        self.dtype = DTYPES[self.spec.precision]
+        self.memory_format = torch.channels_last if self.spec.channels_last else torch.contiguous_format
+        model = build_model(self.model_spec).to(self.device, self.dtype)
+        self.model = model.to(memory_format=self.memory_format)
+        self.workload = workload
+        self._place_bank(workload)
+        batch = self.spec.batch
+        shape = workload.shape
+        self.copy_stream = torch.cuda.Stream(self.device)
+        self.compute_stream = torch.cuda.Stream(self.device)
+        self.dev_in = [torch.empty((batch, *shape), dtype=self.dtype, device=self.device) for _ in range(2)]
+        self.copied = [torch.cuda.Event() for _ in range(2)]
+        self.consumed = [torch.cuda.Event() for _ in range(2)]
+        self.out_host: torch.Tensor | None = None
+        self.classes: int | None = None
+        for _ in range(3):  # warm-up: cudnn autotuning, allocator, lazy module loading
+            self.run(0, min(2 * batch, workload.images))
+
+    def _place_bank(self, workload: Workload) -> None:
+        """Copies the workload once into pinned host memory in the compute dtype."""
+        source = torch.from_numpy(np.asarray(workload.bank))
+        self.bank = torch.empty(source.shape, dtype=self.dtype, pin_memory=True)
+        self.bank.copy_(source)
+
+    def _segments(self, start: int, n: int) -> list[tuple[int, int, int]]:
+        """(bank_row, dest_offset, count) pieces of images [start, start+n) in the cyclic bank."""
+        rows = self.bank.shape[0]
+        out, done = [], 0
+        while done < n:
+            row = (start + done) % rows
+            count = min(n - done, rows - row)
+            out.append((row, done, count))
+            done += count
+        return out
+
+    def _output_buffer(self, size: int) -> torch.Tensor:
+        if self.out_host is None or self.out_host.shape[0] < size:
+            self.out_host = torch.empty((max(size, 1), self.classes or 1), dtype=torch.float32,
+                                        pin_memory=True)
+        return self.out_host
+
+    def run(self, start: int, size: int) -> UnitResult:
+        t0 = time.perf_counter()
+        batch = self.spec.batch
+        outputs: torch.Tensor | None = None
+        with torch.inference_mode():
+            for k, offset in enumerate(range(0, size, batch)):
+                n = min(batch, size - offset)
+                slot = k % 2
+                with torch.cuda.stream(self.copy_stream):
+                    self.copy_stream.wait_event(self.consumed[slot])
+                    for row, dest, count in self._segments(start + offset, n):
+                        self.dev_in[slot][dest : dest + count].copy_(self.bank[row : row + count],
+                                                                     non_blocking=True)
+                    self.copied[slot].record(self.copy_stream)
+                with torch.cuda.stream(self.compute_stream):
+                    self.compute_stream.wait_event(self.copied[slot])
+                    x = self.dev_in[slot][:n].contiguous(memory_format=self.memory_format)
+                    y = self.model(x)
+                    self.consumed[slot].record(self.compute_stream)
+                    if self.classes is None:
+                        self.classes = int(y.shape[1])
+                    if outputs is None:
+                        outputs = self._output_buffer(size)
+                    outputs[offset : offset + n].copy_(y, non_blocking=True)
+        self.compute_stream.synchronize()
+        assert outputs is not None
+        result = outputs[:size].numpy().copy()  # the buffer is reused by the next unit
+        return UnitResult(result, time.perf_counter() - t0)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if torch.cuda.is_available():
+            out["gpu_name"] = torch.cuda.get_device_name(self.spec.gpu or 0)
+        return out

@@ -1,0 +1,80 @@
+"""What a run measured: throughput against the limit, per-executor figures, the timeline, the check."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["ExecutorReport", "Measurement", "WorkUnit", "percentile"]
+
+
+@dataclass
+class WorkUnit:
+    """One work unit as the driver saw it: seconds since the run started."""
+
+    executor: str
+    start_image: int
+    size: int
+    start_s: float
+    end_s: float
+    compute_s: float
+    ok: bool = True
+
+
+@dataclass
+class ExecutorReport:
+    name: str
+    device: str
+    images: int = 0
+    busy_s: float = 0.0
+    standalone_ips: float = 0.0
+    simulated: bool = False
+    died: bool = False
+
+
+@dataclass
+class Measurement:
+    """One run's figures. ``simulated`` is true when any executor was simulated."""
+
+    model: str
+    strategy: str
+    params: dict[str, Any]
+    images: int
+    wall_s: float
+    throughput_ips: float
+    limit_ips: float
+    efficiency: float
+    output_ok: bool
+    max_abs_diff: float
+    tolerance: float
+    executors: list[ExecutorReport]
+    timeline: list[WorkUnit] = field(default_factory=list)
+    latency_ms: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    simulated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def waste(self) -> float:
+        return 1.0 - self.efficiency
+
+    def to_dict(self, timeline: bool = False) -> dict[str, Any]:
+        out = asdict(self)
+        out["waste"] = self.waste
+        if not timeline:
+            out.pop("timeline")
+        return out
+
+    def to_json(self, timeline: bool = False) -> str:
+        return json.dumps(self.to_dict(timeline), default=float)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = int(pos), min(int(pos) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

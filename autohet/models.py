@@ -1,0 +1,147 @@
+"""Models by name: torchvision classifiers, two small nets for the seed's experiments, user factories.
+
+A model is built with random weights drawn from a seed (so every executor, on any node,
+builds the same network without shipping weights) or loaded from a checkpoint file.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from autohet.errors import UserError
+
+__all__ = ["ModelSpec", "build_model", "input_shape", "list_models", "CifarNet", "LeNet"]
+
+
+class LeNet(nn.Module):
+    """LeNet-5 for 1x28x28 MNIST-shaped inputs (the seed's MNIST experiment)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 20, 5), nn.MaxPool2d(2), nn.Conv2d(20, 50, 5), nn.MaxPool2d(2)
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(50 * 4 * 4, 500), nn.ReLU(inplace=True), nn.Linear(500, num_classes)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class CifarNet(nn.Module):
+    """Caffe's CIFAR-10 'quick' net for 3x32x32 inputs (the seed's CIFAR-10 experiment)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 32, 5, padding=2), nn.MaxPool2d(3, 2, ceil_mode=True), nn.ReLU(inplace=True),
+            nn.Conv2d(32, 32, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(inplace=True), nn.AvgPool2d(3, 2, ceil_mode=True),
+        )
+        self.classifier = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 64), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+_SMALL = {"lenet": (LeNet, (1, 28, 28)), "cifarnet": (CifarNet, (3, 32, 32))}
+_SMALL_ALIASES = {"cifar10": "cifarnet", "cifar": "cifarnet"}
+# torchvision classifiers whose native input differs from 3x224x224
+_TV_INPUT = {"inception_v3": (3, 299, 299)}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What an executor needs to build a model anywhere: its name, the weight seed, a checkpoint."""
+
+    name: str
+    seed: int = 0
+    checkpoint: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "seed": self.seed, "checkpoint": self.checkpoint}
+
+
+def _torchvision_names() -> list[str]:
+    from autohet._tv import torchvision
+
+    return sorted(torchvision.models.list_models(module=torchvision.models))
+
+
+def list_models() -> list[str]:
+    """Every model name accepted by --model (user factories aside)."""
+    return sorted(set(_SMALL) | set(_torchvision_names()))
+
+
+def _canonical(name: str) -> str:
+    return _SMALL_ALIASES.get(name.lower(), name.lower()) if ":" not in name else name
+
+
+def _user_factory(name: str):
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UserError(f"cannot import {module_name!r} for --model {name}: {exc}; "
+                        "put the package on PYTHONPATH") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UserError(f"{module_name!r} has no callable {attr!r}; --model takes package.module:factory")
+    return factory
+
+
+def input_shape(name: str) -> tuple[int, int, int]:
+    """The C,H,W of one input image for a model name."""
+    name = _canonical(name)
+    if name in _SMALL:
+        return _SMALL[name][1]
+    if ":" in name:
+        factory = _user_factory(name)
+        shape = getattr(factory, "input_shape", None)
+        if shape is None:
+            raise UserError(f"user model {name} needs an input_shape attribute on its factory, e.g. "
+                            "factory.input_shape = (3, 224, 224)")
+        return tuple(shape)
+    if name not in _torchvision_names():
+        raise UserError(f"unknown model {name!r}; valid: lenet, cifarnet, any torchvision classifier "
+                        "(e.g. vgg16, resnet18), or package.module:factory")
+    return _TV_INPUT.get(name, (3, 224, 224))
+
+
+def build_model(spec: ModelSpec | str, seed: int = 0, checkpoint: str | None = None) -> nn.Module:
+    """Builds the model in eval mode with seeded random weights or a checkpoint's state dict."""
+    if isinstance(spec, str):
+        spec = ModelSpec(spec, seed, checkpoint)
+    name = _canonical(spec.name)
+    input_shape(name)  # validates the name with a helpful error
+    torch.manual_seed(spec.seed)
+    if name in _SMALL:
+        model = _SMALL[name][0]()
+    elif ":" in name:
+        model = _user_factory(name)()
+    else:
+        from autohet._tv import torchvision
+
+        kwargs = {"weights": None}
+        if name in ("googlenet", "inception_v3"):
+            kwargs.update(aux_logits=False, init_weights=True)
+        model = torchvision.models.get_model(name, **kwargs)
+    if spec.checkpoint:
+        path = Path(spec.checkpoint)
+        if not path.is_file():
+            raise UserError(f"checkpoint {path} not found; pass an existing .pt state-dict file")
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if isinstance(state, dict) and "state_dict" in state:
+            state = state["state_dict"]
+        try:
+            model.load_state_dict(state)
+        except RuntimeError as exc:
+            first = str(exc).splitlines()[0]
+            raise UserError(f"checkpoint {path} does not fit model {name}: {first}") from exc
+    return model.eval()

@@ -1,0 +1,55 @@
+"""The platform fingerprint recorded with every tune and exported config."""
+
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from typing import Any
+
+__all__ = ["fingerprint", "fingerprint_differences"]
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def fingerprint() -> dict[str, Any]:
+    """CPU model and cores, GPU names, and the versions that change performance."""
+    import torch
+
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    return {
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "gpus": gpus,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "ray": _version("ray"),
+        "tvm": _version("apache-tvm"),
+    }
+
+
+# Keys whose difference makes a tuned config's figures meaningless elsewhere.
+_HARDWARE_KEYS = ("cpu_model", "cpu_cores", "gpus", "machine", "torch")
+
+
+def fingerprint_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    return [f"{k}: tuned on {recorded.get(k)!r}, now {current.get(k)!r}"
+            for k in _HARDWARE_KEYS if k in recorded and recorded.get(k) != current.get(k)]

@@ -1,0 +1,12 @@
+"""Executor pools: declared in actors/*.yaml, run in-process, as Ray actors, or simulated."""
+
+from __future__ import annotations
+
+from autohet.pool.dispatch import Completion, Dispatcher, LocalDispatcher, VirtualClockDispatcher
+from autohet.pool.pools import LocalPool, Pool, RayPool, VirtualPool
+from autohet.pool.spec import PoolSpec, check_local_devices, detect_executors, load_pool
+
+__all__ = [
+    "Completion", "Dispatcher", "LocalDispatcher", "LocalPool", "Pool", "PoolSpec", "RayPool",
+    "VirtualClockDispatcher", "VirtualPool", "check_local_devices", "detect_executors", "load_pool",
+]

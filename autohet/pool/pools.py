@@ -1,0 +1,167 @@
+"""Pools: the executors of a run, in-process (threads), as Ray actors, or on a virtual clock."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from autohet.executors import Executor, make_executor
+from autohet.models import ModelSpec
+from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
+from autohet.pool.spec import PoolSpec
+from autohet.workload import Workload
+
+__all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool"]
+
+
+class Pool(ABC):
+    """Executors started for one model and workload; strategies use them through dispatchers."""
+
+    def __init__(self, spec: PoolSpec) -> None:
+        self.spec = spec
+        self.started_for: tuple[ModelSpec, int] | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.spec.executors]
+
+    @property
+    def simulated(self) -> bool:
+        return self.spec.simulated
+
+    def __len__(self) -> int:
+        return len(self.spec.executors)
+
+    @abstractmethod
+    def start(self, model: ModelSpec, workload: Workload) -> None:
+        """Builds the model on every executor and places the workload once."""
+
+    @abstractmethod
+    def dispatcher(self) -> Dispatcher: ...
+
+    @abstractmethod
+    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+        """Each executor's throughput running alone, measured one after another."""
+
+    def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
+        """Applies per-kind executor params (batch, precision, channels_last) for the next run."""
+        self.spec = self.spec.with_executor_params(by_kind)
+        self._apply_config()
+
+    def _apply_config(self) -> None:  # noqa: B027
+        """Optional hook: push the new executor params to live executors."""
+
+    def shutdown(self) -> None:  # noqa: B027
+        """Optional hook: stop executors."""
+
+
+class LocalPool(Pool):
+    """Executors in this process, one thread each: no Ray, for tests and in-process baselines."""
+
+    executors: list[Executor]
+
+    def start(self, model: ModelSpec, workload: Workload) -> None:
+        self.executors = [make_executor(s, model) for s in self.spec.executors]
+        for ex in self.executors:
+            ex.load(workload)
+        self.started_for = (model, workload.images)
+
+    def dispatcher(self) -> Dispatcher:
+        return LocalDispatcher(self.executors)
+
+    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+        return [ex.standalone_ips(min_seconds) for ex in self.executors]
+
+    def _apply_config(self) -> None:
+        for ex, spec in zip(self.executors, self.spec.executors, strict=True):
+            ex.configure(spec.executor_params())
+
+
+class VirtualPool(Pool):
+    """Simulated executors on a virtual clock: deterministic figures, always labelled simulated."""
+
+    def __init__(self, spec: PoolSpec, die_at: dict[int, float] | None = None) -> None:
+        super().__init__(spec)
+        self.die_at = die_at or {}
+
+    def start(self, model: ModelSpec, workload: Workload) -> None:
+        self.started_for = (model, workload.images)
+
+    def dispatcher(self) -> Dispatcher:
+        execs = self.spec.executors
+        return VirtualClockDispatcher(self.names, [e.speed_ips for e in execs], [e.overhead_s for e in execs],
+                                      self.die_at)
+
+    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+        out = []
+        for e in self.spec.executors:
+            unit = max(e.batch, 1) * 4
+            out.append(unit / (e.overhead_s + unit / e.speed_ips))
+        return out
+
+
+class RayPool(Pool):
+    """One Ray actor per executor, created once and reused by every run of the same model."""
+
+    def __init__(self, spec: PoolSpec, name_prefix: str | None = None) -> None:
+        super().__init__(spec)
+        self.actors: list[Any] = []
+        self.name_prefix = name_prefix
+        self.workload_ref: Any = None
+
+    def start(self, model: ModelSpec, workload: Workload) -> None:
+        import ray
+
+        from autohet.pool.ray_pool import ExecutorActor, actor_options, check_cluster_resources
+
+        check_cluster_resources(self.spec)
+        if self.actors and self.started_for == (model, workload.images):
+            return
+        self.shutdown()
+        self.workload_ref = ray.put(workload)
+        remote_cls = ray.remote(ExecutorActor)
+        for spec in self.spec.executors:
+            name = f"{self.name_prefix}-{spec.name}" if self.name_prefix else None
+            self.actors.append(remote_cls.options(**actor_options(spec, name)).remote(spec, model))
+        self.descriptions = ray.get([a.load.remote(self.workload_ref) for a in self.actors])
+        self.started_for = (model, workload.images)
+
+    def dispatcher(self) -> Dispatcher:
+        from autohet.pool.ray_pool import RayDispatcher
+
+        return RayDispatcher(self.names, self.actors)
+
+    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+        import ray
+
+        out = []
+        for actor in self.actors:
+            try:
+                out.append(float(ray.get(actor.standalone_ips.remote(min_seconds))))
+            except Exception:  # a dead executor has no standalone throughput
+                out.append(0.0)
+        return out
+
+    def _apply_config(self) -> None:
+        import ray
+
+        if self.actors:
+            ray.get([a.configure.remote(s.executor_params())
+                     for a, s in zip(self.actors, self.spec.executors, strict=True)])
+
+    def kill(self, index: int) -> None:
+        """Kills one executor's actor (fault tests and operators' drills)."""
+        import ray
+
+        ray.kill(self.actors[index], no_restart=True)
+
+    def shutdown(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            try:
+                ray.kill(actor)
+            except Exception:  # already dead
+                continue
+        self.actors = []
+        self.started_for = None

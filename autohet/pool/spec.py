@@ -1,0 +1,190 @@
+"""Pool files (actors/*.yaml): the executors of a run, declared explicitly or detected (``auto``).
+
+An explicit file lists executors::
+
+    version: 1
+    executors:
+      - {name: cpu0, kind: cpu, cores: [0], batch: 64}
+      - {name: gpu0, kind: gpu, gpu: 0, cores: [2], batch: 256, precision: fp16}
+
+``auto`` detects the machine (or every node of a Ray cluster): one executor per GPU with one
+core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autohet.errors import UserError
+from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
+from autohet.params import validate_params
+
+__all__ = ["PoolSpec", "load_pool", "detect_executors", "POOL_VERSION"]
+
+POOL_VERSION = 1
+_EXECUTOR_KEYS = {"name", "kind", "cores", "gpu", "node", "speed_ips", "overhead_s", "needs_gpu",
+                  "die_after_units"} | set(EXECUTOR_PARAMS)
+_AUTO_KEYS = {"cpu_group_size", "reserve_core_per_gpu", "cpu", "gpu", "max_cpu_groups"}
+
+
+@dataclass
+class PoolSpec:
+    """The executors of a run and where they came from."""
+
+    name: str
+    executors: list[ExecutorSpec]
+    source: str = "inline"
+    auto: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def simulated(self) -> bool:
+        return any(e.kind == "sim" for e in self.executors)
+
+    @property
+    def gpus_needed(self) -> int:
+        return sum(1 for e in self.executors if e.kind == "gpu")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": POOL_VERSION, "name": self.name, "source": self.source,
+                "executors": [e.to_dict() for e in self.executors]}
+
+    def with_executor_params(self, by_kind: dict[str, dict[str, Any]]) -> PoolSpec:
+        """A copy whose executors take ``by_kind[kind]`` params (e.g. {'gpu': {'batch': 256}})."""
+        execs = [e.with_params(by_kind.get(e.kind, {})) for e in self.executors]
+        return PoolSpec(self.name, execs, self.source, self.auto)
+
+
+def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: executor #{index} must be a mapping like {{name: cpu0, kind: cpu, cores: [0]}}")
+    unknown = sorted(set(raw) - _EXECUTOR_KEYS)
+    if unknown:
+        raise UserError(f"{where}: executor #{index} has unknown key {unknown[0]!r}; valid: "
+                        f"{', '.join(sorted(_EXECUTOR_KEYS))}")
+    kind = raw.get("kind")
+    if kind not in ("cpu", "gpu", "sim"):
+        raise UserError(f"{where}: executor #{index} needs kind: cpu, gpu or sim (got {kind!r})")
+    name = str(raw.get("name") or f"{kind}{index}")
+    params = validate_params(f"{where}: executor {name}", EXECUTOR_PARAMS,
+                             {k: raw[k] for k in EXECUTOR_PARAMS if k in raw})
+    cores = raw.get("cores", [])
+    if isinstance(cores, int):
+        cores = [cores]
+    if not isinstance(cores, list) or not all(isinstance(c, int) and c >= 0 for c in cores):
+        raise UserError(f"{where}: executor {name}: cores must be a list of core numbers, e.g. [0, 1]")
+    if kind == "cpu" and not cores:
+        raise UserError(f"{where}: executor {name}: a cpu executor needs cores, e.g. cores: [0]")
+    gpu = raw.get("gpu", 0 if kind == "gpu" else None)
+    if kind == "gpu" and (not isinstance(gpu, int) or gpu < 0):
+        raise UserError(f"{where}: executor {name}: gpu must be a GPU index like 0")
+    extra = {"die_after_units": raw["die_after_units"]} if "die_after_units" in raw else {}
+    try:
+        speed = float(raw.get("speed_ips", 0.0))
+        overhead = float(raw.get("overhead_s", 0.0))
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: executor {name}: speed_ips and overhead_s must be numbers") from None
+    if kind == "sim" and speed <= 0:
+        raise UserError(f"{where}: simulated executor {name} needs speed_ips > 0")
+    return ExecutorSpec(name=name, kind=kind, cores=tuple(cores), gpu=gpu,
+                        node=None if raw.get("node") is None else str(raw["node"]),
+                        speed_ips=speed, overhead_s=overhead, needs_gpu=bool(raw.get("needs_gpu", False)),
+                        extra=extra, **params)
+
+
+def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any],
+                     node: str | None = None, prefix: str = "") -> list[ExecutorSpec]:
+    """One executor per GPU (with a feeding core), the rest of the cores in CPU groups."""
+    group = int(settings.get("cpu_group_size", 1))
+    if group < 1:
+        raise UserError(f"cpu_group_size must be at least 1, got {group}")
+    free = list(cores)
+    gpu_params = validate_params("auto: gpu", EXECUTOR_PARAMS, settings.get("gpu") or {})
+    cpu_params = validate_params("auto: cpu", EXECUTOR_PARAMS, settings.get("cpu") or {})
+    out: list[ExecutorSpec] = []
+    for g in range(gpus):
+        feed = (free.pop(0),) if settings.get("reserve_core_per_gpu", True) and len(free) > 1 else ()
+        out.append(ExecutorSpec(f"{prefix}gpu{g}", "gpu", feed, g, node=node, **gpu_params))
+    limit = settings.get("max_cpu_groups")
+    for k, first in enumerate(range(0, len(free), group)):
+        if limit is not None and k >= int(limit):
+            break
+        chunk = tuple(free[first : first + group])
+        out.append(ExecutorSpec(f"{prefix}cpu{k}", "cpu", chunk, node=node, **cpu_params))
+    return out
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) -> PoolSpec:
+    """Reads a pool file; ``None`` or 'auto' means actors/auto.yaml semantics on this machine."""
+    raw: dict[str, Any]
+    if path in (None, "auto"):
+        raw, where = {"version": POOL_VERSION, "auto": {}}, "auto"
+        name = "auto"
+    else:
+        file = Path(path)
+        where = str(file)
+        if not file.is_file():
+            raise UserError(f"pool file {file} not found; use actors/auto.yaml, actors/cpu2.yaml or your own")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            line = getattr(getattr(exc, "problem_mark", None), "line", None)
+            at = f" at line {line + 1}" if line is not None else ""
+            raise UserError(f"{file} is not valid YAML{at}; fix the syntax (see actors/cpu2.yaml)") from None
+        name = file.stem
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: a pool file is a mapping with 'executors:' or 'auto:'")
+    version = raw.get("version", POOL_VERSION)
+    if version != POOL_VERSION:
+        raise UserError(f"{where}: pool version {version} is not supported; this autohet reads version "
+                        f"{POOL_VERSION}")
+    unknown = sorted(set(raw) - {"version", "executors", "auto", "name"})
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; a pool file has version, name, executors or auto")
+    if ("executors" in raw) == ("auto" in raw):
+        raise UserError(f"{where}: give either 'executors:' (a list) or 'auto:' (settings), not both or neither")
+    if "auto" in raw:
+        settings = dict(raw.get("auto") or {})
+        settings.update(auto_overrides or {})
+        bad = sorted(set(settings) - _AUTO_KEYS)
+        if bad:
+            raise UserError(f"{where}: auto has no setting {bad[0]!r}; valid: {', '.join(sorted(_AUTO_KEYS))}")
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
+            range(os.cpu_count() or 1))
+        execs = detect_executors(cores, _local_gpus(), settings)
+        return PoolSpec(raw.get("name", name), execs, where, auto=settings)
+    items = raw["executors"]
+    if not isinstance(items, list) or not items:
+        raise UserError(f"{where}: executors must be a non-empty list")
+    execs = [_executor(item, i, where) for i, item in enumerate(items)]
+    names = [e.name for e in execs]
+    if len(set(names)) != len(names):
+        raise UserError(f"{where}: executor names must be unique, got {names}")
+    return PoolSpec(raw.get("name", name), execs, where)
+
+
+def check_local_devices(spec: PoolSpec) -> None:
+    """Fails early, in one line, when a pool asks for GPUs or cores this machine does not have."""
+    need = [e for e in spec.executors if e.kind == "gpu" and e.node is None]
+    if need:
+        have = _local_gpus()
+        missing = [e for e in need if (e.gpu or 0) >= have]
+        if missing:
+            raise UserError(f"pool {spec.source} asks for GPU {missing[0].gpu} ({missing[0].name}) but this "
+                            f"machine has {have} CUDA GPUs; use actors/cpu2.yaml or actors/auto.yaml")
+    ncpu = os.cpu_count() or 1
+    for e in spec.executors:
+        bad = [c for c in e.cores if c >= ncpu]
+        if e.node is None and bad:
+            raise UserError(f"pool {spec.source}: executor {e.name} pins core {bad[0]} but this machine has "
+                            f"{ncpu} cores (0-{ncpu - 1}); fix cores or use actors/auto.yaml")

@@ -1,0 +1,48 @@
+"""Starting or joining Ray quietly, with its files under runs/ rather than /tmp/ray and ~/.ray."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+__all__ = ["init_ray", "ray_temp_dir"]
+
+
+def _ray_root() -> str:
+    """runs/ when its socket paths stay short enough for Unix sockets, else the system temp dir."""
+    runs = Path("runs").resolve()
+    if len(str(runs)) <= 40:
+        runs.mkdir(parents=True, exist_ok=True)
+        return str(runs)
+    return tempfile.gettempdir()
+
+
+def ray_temp_dir() -> str:
+    """The folder Ray keeps its sessions, sockets and logs in (``<root>/ray``)."""
+    os.environ.setdefault("RAY_TMPDIR", _ray_root())
+    return os.path.join(os.environ["RAY_TMPDIR"], "ray")
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
+             resources: dict[str, float] | None = None) -> None:
+    """Starts a local Ray (all cores, detected GPUs) or joins ``address``; no-op when already up."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    temp_dir = ray_temp_dir()
+    import ray
+
+    # token auth stays on; only its notice is kept off the terminal
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    if ray.is_initialized():
+        return
+    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                  namespace="autohet")
+    if address:
+        ray.init(address=address, **common)
+        return
+    ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
+             _temp_dir=temp_dir, **common)

@@ -1,0 +1,157 @@
+"""The event loop shared by every data-parallel scheduler, and its fault handling.
+
+A scheduler only decides sizes: ``assign(state, idle)`` returns (executor, images) pairs. The
+driver hands out contiguous index ranges from a cursor, collects outputs in order, re-dispatches
+the unit of an executor that died to the next idle live executor, and verifies exactly-once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autohet.errors import UserError
+from autohet.measurement import WorkUnit
+from autohet.pool.dispatch import Completion, Dispatcher
+
+if TYPE_CHECKING:
+    from autohet.strategies.data_parallel import DataParallelStrategy
+
+__all__ = ["DriveResult", "SchedState", "drive", "split_by_weights"]
+
+
+def split_by_weights(total: int, weights: list[float]) -> list[int]:
+    """Integer shares of ``total`` proportional to ``weights`` (largest remainder, sums exactly)."""
+    if total <= 0 or not weights:
+        return [0] * len(weights)
+    clean = [w if (w is not None and w > 0 and math.isfinite(w)) else 0.0 for w in weights]
+    if sum(clean) <= 0:
+        clean = [1.0] * len(weights)
+    scale = total / sum(clean)
+    raw = [w * scale for w in clean]
+    shares = [int(math.floor(x)) for x in raw]
+    left = total - sum(shares)
+    order = sorted(range(len(raw)), key=lambda i: (-(raw[i] - shares[i]), i))
+    for i in order[:left]:
+        shares[i] += 1
+    return shares
+
+
+@dataclass
+class SchedState:
+    """What a scheduler may look at when it decides: counts, speeds, the last round's finish times."""
+
+    total: int
+    n: int
+    remaining: int
+    alive: list[bool]
+    speeds: list[float | None]
+    completed_units: list[int]
+    now: float = 0.0
+    round_index: int = 0
+    round_start: float = 0.0
+    round_finish: dict[int, float] = field(default_factory=dict)
+    last_round_finish: dict[int, float] = field(default_factory=dict)
+    memo: dict[str, Any] = field(default_factory=dict)
+
+    def speed_weights(self, executors: list[int]) -> list[float]:
+        """Measured speeds of ``executors``; the mean of known speeds stands in for unknown ones."""
+        known = [s for s in self.speeds if s]
+        fallback = sum(known) / len(known) if known else 1.0
+        return [self.speeds[i] or fallback for i in executors]
+
+
+@dataclass
+class DriveResult:
+    outputs: np.ndarray | None
+    coverage: np.ndarray
+    timeline: list[WorkUnit]
+    wall_s: float
+    images_by_executor: list[int]
+    busy_by_executor: list[float]
+    failures: list[str]
+    died: list[bool]
+
+
+def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Dispatcher, total: int,
+          on_event: Callable[[Completion], None] | None = None) -> DriveResult:
+    """Runs ``total`` images through the dispatcher under the strategy's rule."""
+    n = len(dispatcher.names)
+    st = SchedState(total, n, total, [True] * n, [None] * n, [0] * n)
+    strategy.begin(st, params)
+    cursor = 0
+    requeue: deque[tuple[int, int]] = deque()
+    idle = set(range(n))
+    outputs: np.ndarray | None = None
+    coverage = np.zeros(total, dtype=np.int32)
+    timeline: list[WorkUnit] = []
+    failures: list[str] = []
+    images = [0] * n
+    busy = [0.0] * n
+    t0 = dispatcher.now()
+    while True:
+        st.now = dispatcher.now() - t0
+        for i in sorted(idle):  # failed units first, to any idle live executor
+            if requeue and st.alive[i]:
+                start, size = requeue.popleft()
+                dispatcher.submit(i, start, size)
+                idle.discard(i)
+        live_idle = [i for i in sorted(idle) if st.alive[i]]
+        if st.remaining > 0 and live_idle and not (strategy.barrier and dispatcher.busy):
+            if strategy.barrier:
+                st.round_index += 1
+                st.last_round_finish = st.round_finish
+                st.round_finish = {}
+                st.round_start = st.now
+            seen: set[int] = set()
+            for executor, size in strategy.assign(st, live_idle, params):
+                size = min(int(size), st.remaining)
+                if size <= 0:
+                    continue
+                if executor not in live_idle or executor in seen:
+                    raise RuntimeError(f"{strategy.name} assigned to executor {executor}, which is not idle")
+                seen.add(executor)
+                dispatcher.submit(executor, cursor, size)
+                cursor += size
+                st.remaining -= size
+                idle.discard(executor)
+        if not dispatcher.busy:
+            if st.remaining == 0 and not requeue:
+                break
+            if not any(st.alive):
+                raise UserError("every executor died before the work was done: " + "; ".join(failures))
+            raise RuntimeError(f"{strategy.name} assigned no work with {st.remaining} images left")
+        done = dispatcher.wait_any()
+        i = done.executor
+        idle.add(i)
+        st.now = done.done_s - t0
+        timeline.append(WorkUnit(dispatcher.names[i], done.start, done.size, done.submitted_s - t0,
+                                 done.done_s - t0, done.compute_s, done.ok))
+        if not done.ok:
+            st.alive[i] = False
+            requeue.append((done.start, done.size))
+            failures.append(f"executor {dispatcher.names[i]} died running images "
+                            f"{done.start}..{done.start + done.size - 1} ({done.error}); re-dispatched")
+        else:
+            assert done.outputs is not None
+            if outputs is None:
+                outputs = np.zeros((total, *done.outputs.shape[1:]), dtype=np.float32)
+            outputs[done.start : done.start + done.size] = done.outputs
+            coverage[done.start : done.start + done.size] += 1
+            images[i] += done.size
+            busy[i] += done.compute_s
+            if done.compute_s > 0:
+                st.speeds[i] = done.size / done.compute_s
+            st.completed_units[i] += 1
+            if strategy.barrier:
+                st.round_finish[i] = st.now - st.round_start
+        if on_event is not None:
+            on_event(done)
+    dispatcher.close()
+    return DriveResult(outputs, coverage, timeline, dispatcher.now() - t0, images, busy, failures,
+                       [not a for a in st.alive])

@@ -1,0 +1,88 @@
+"""Workloads: N input images, synthetic from a seed or loaded from an .npy file, held in memory.
+
+The workload is materialised once per run and placed where every executor can read it
+without copies per work unit (the Ray object store, shared read-only); work units are
+index ranges [start, start + size) into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from autohet.errors import UserError
+
+__all__ = ["WorkloadSpec", "Workload", "MAX_DISTINCT_BYTES"]
+
+# Synthetic workloads hold at most this many bytes of distinct images; larger N cycles
+# through them (image i is bank[i % bank_size]), so vgg16 x 10000 does not need 6 GB.
+MAX_DISTINCT_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Either ``images`` synthetic images drawn from ``seed``, or the images of an .npy file."""
+
+    images: int
+    shape: tuple[int, int, int]
+    seed: int = 0
+    npy: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"images": self.images, "shape": list(self.shape), "seed": self.seed, "npy": self.npy}
+
+
+class Workload:
+    """The images of one run as a float32 bank plus the mapping from image index to bank row."""
+
+    def __init__(self, bank: np.ndarray, images: int) -> None:
+        if images < 1:
+            raise UserError(f"--images must be at least 1, got {images}")
+        self.bank = bank
+        self.images = images
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.bank.shape[1:])
+
+    @classmethod
+    def from_spec(cls, spec: WorkloadSpec) -> Workload:
+        if spec.npy:
+            return cls.from_npy(spec.npy, spec.shape, spec.images)
+        if spec.images < 1:
+            raise UserError(f"--images must be at least 1, got {spec.images}")
+        per_image = int(np.prod(spec.shape)) * 4
+        distinct = max(1, min(spec.images, MAX_DISTINCT_BYTES // per_image))
+        rng = np.random.default_rng(spec.seed)
+        bank = rng.standard_normal((distinct, *spec.shape), dtype=np.float32)
+        return cls(bank, spec.images)
+
+    @classmethod
+    def from_npy(cls, path: str, shape: tuple[int, int, int], images: int | None = None) -> Workload:
+        file = Path(path)
+        if not file.is_file():
+            raise UserError(f"workload file {file} not found; pass an existing .npy of N x {shape} images")
+        try:
+            array = np.load(file, mmap_mode="r")
+        except ValueError as exc:
+            raise UserError(f"{file} is not a readable .npy file ({exc}); save it with numpy.save") from None
+        if tuple(array.shape[1:]) != tuple(shape):
+            raise UserError(f"{file} holds images of shape {tuple(array.shape[1:])} but the model takes "
+                            f"{tuple(shape)}; reshape the array to N x {shape}")
+        n = array.shape[0] if not images else min(images, array.shape[0])
+        return cls(np.ascontiguousarray(array[:n], dtype=np.float32), n)
+
+    def rows(self, start: int, size: int) -> np.ndarray:
+        """Images [start, start + size) as one array (a view when the range does not wrap)."""
+        n = len(self.bank)
+        first = start % n
+        if first + size <= n:
+            return self.bank[first : first + size]
+        return self.bank[(np.arange(start, start + size) % n)]
+
+    def indices_sample(self, count: int) -> np.ndarray:
+        """Evenly spread image indices for the output check (first and last included)."""
+        count = min(count, self.images)
+        return np.unique(np.linspace(0, self.images - 1, count).round().astype(np.int64))

@@ -1,0 +1,77 @@
+"""Plain executor classes, no Ray: outputs equal the model's; the in-process pool end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from autohet.executors import ExecutorSpec, make_executor
+from autohet.models import ModelSpec, build_model
+from autohet.pool import LocalPool, load_pool
+from autohet.run import RunContext, run_strategy
+from autohet.workload import Workload, WorkloadSpec
+
+
+@pytest.fixture(scope="module")
+def lenet_workload():
+    return Workload.from_spec(WorkloadSpec(500, (1, 28, 28), seed=1))
+
+
+def test_cpu_executor_outputs_equal_the_model_and_keep_order(lenet_workload):
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    unit = ex.run(100, 70)  # spans three batches, the last partial
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(100, 70))).numpy()
+    assert unit.outputs.shape == (70, 10)
+    np.testing.assert_allclose(unit.outputs, ref, rtol=1e-5, atol=1e-6)
+    assert unit.compute_s > 0
+    assert torch.get_num_threads() == 1
+    assert ex.standalone_ips(0.1) > 0
+
+
+def test_cpu_executor_bf16_is_close(lenet_workload):
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32, precision="bf16"), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    ref = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32), ModelSpec("lenet"))
+    ref.load(lenet_workload)
+    a, b = ex.run(0, 64).outputs, ref.run(0, 64).outputs
+    assert np.max(np.abs(a - b)) < 5e-2 * np.max(np.abs(b))
+
+
+def test_local_pool_runs_fast_split_with_output_check(lenet_workload):
+    pool = LocalPool(load_pool("actors/cpu2.yaml"))
+    m = run_strategy("fast_split", {"w_s": 32}, pool, RunContext(ModelSpec("lenet"), lenet_workload,
+                                                                 standalone_seconds=0.1))
+    assert m.output_ok and m.max_abs_diff < 1e-4
+    assert sum(e.images for e in m.executors) == 500
+    assert not m.simulated
+
+
+def test_wrong_outputs_fail_the_check(lenet_workload):
+    """A run whose outputs differ from the reference is reported invalid with its difference."""
+    pool = LocalPool(load_pool("actors/cpu2.yaml"))
+    ctx = RunContext(ModelSpec("lenet", seed=0), lenet_workload, standalone_seconds=0.1)
+    pool.start(ModelSpec("lenet", seed=5), lenet_workload)  # executors hold other weights
+    from autohet.strategies import get_strategy
+
+    strategy = get_strategy("fifo")
+    m = strategy.run(pool, ctx, strategy.validate({}))
+    assert not m.output_ok
+    assert m.max_abs_diff > m.tolerance
+    assert any("differ" in f for f in m.failures)
+
+
+@pytest.mark.gpu
+def test_gpu_executor_matches_cpu_reference(lenet_workload):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    for precision, tol in (("fp32", 1e-3), ("fp16", 1e-2), ("bf16", 5e-2)):
+        ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=64, precision=precision,
+                                        channels_last=True), ModelSpec("lenet"))
+        ex.load(lenet_workload)
+        out = ex.run(10, 300).outputs
+        with torch.inference_mode():
+            ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(10, 300))).numpy()
+        assert np.max(np.abs(out - ref)) <= tol * np.max(np.abs(ref))

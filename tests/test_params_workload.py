@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autohet.errors import UserError
+from autohet.params import Param, parse_set_options, validate_params
+from autohet.workload import MAX_DISTINCT_BYTES, Workload, WorkloadSpec
+
+
+def test_set_options_are_yaml_scalars():
+    assert parse_set_options(["w_s=64", "r=0.5", "ratios=[1,2]", "flag=true"]) == {
+        "w_s": 64, "r": 0.5, "ratios": [1, 2], "flag": True}
+    with pytest.raises(UserError, match="key=value"):
+        parse_set_options(["w_s"])
+
+
+def test_param_coercion_and_ranges():
+    declared = {"c": Param("c", "int", 8, 1, 100), "p": Param("p", "choice", "a", choices=("a", "b"))}
+    assert validate_params("x", declared, {"c": "12"}) == {"c": 12, "p": "a"}
+    with pytest.raises(UserError, match="must be int"):
+        validate_params("x", declared, {"c": "twelve"})
+    with pytest.raises(UserError, match="one of a, b"):
+        validate_params("x", declared, {"p": "z"})
+    with pytest.raises(UserError, match="out of range"):
+        validate_params("x", declared, {"c": 101})
+
+
+def test_synthetic_workload_is_seeded_and_bounded():
+    a = Workload.from_spec(WorkloadSpec(100, (1, 28, 28), seed=3))
+    b = Workload.from_spec(WorkloadSpec(100, (1, 28, 28), seed=3))
+    assert np.array_equal(a.rows(0, 100), b.rows(0, 100))
+    big = Workload.from_spec(WorkloadSpec(10_000, (3, 224, 224)))
+    assert big.bank.nbytes <= MAX_DISTINCT_BYTES
+    n = len(big.bank)
+    assert np.array_equal(big.rows(n - 2, 4)[2:], big.rows(0, 2))  # cycles through the bank
+
+
+def test_npy_workload(tmp_path):
+    data = np.random.default_rng(0).standard_normal((20, 1, 28, 28)).astype(np.float32)
+    np.save(tmp_path / "x.npy", data)
+    w = Workload.from_npy(str(tmp_path / "x.npy"), (1, 28, 28))
+    assert w.images == 20 and np.array_equal(w.rows(5, 3), data[5:8])
+    with pytest.raises(UserError, match="reshape"):
+        Workload.from_npy(str(tmp_path / "x.npy"), (3, 32, 32))
+    with pytest.raises(UserError, match="not found"):
+        Workload.from_npy(str(tmp_path / "missing.npy"), (1, 28, 28))

@@ -1,0 +1,78 @@
+"""Pool files: explicit executors, auto detection, and the one-line errors for bad files."""
+
+from __future__ import annotations
+
+import pytest
+
+from autohet.errors import UserError
+from autohet.executors import ExecutorSpec
+from autohet.pool import PoolSpec, check_local_devices, detect_executors, load_pool
+
+
+def write(tmp_path, text):
+    path = tmp_path / "pool.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_cpu2_pool_has_two_single_core_groups():
+    spec = load_pool("actors/cpu2.yaml")
+    assert [(e.kind, e.cores, e.threads) for e in spec.executors] == [("cpu", (0,), 1), ("cpu", (1,), 1)]
+
+
+def test_auto_reserves_a_core_per_gpu_and_groups_the_rest():
+    execs = detect_executors(list(range(16)), 1, {"cpu_group_size": 4, "gpu": {"batch": 256}})
+    assert execs[0].kind == "gpu" and execs[0].cores == (0,) and execs[0].batch == 256
+    assert [e.cores for e in execs[1:]] == [(1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15)]
+    cpu_only = detect_executors([0, 1], 0, {"cpu_group_size": 1})
+    assert [e.cores for e in cpu_only] == [(0,), (1,)]
+
+
+def test_auto_yaml_on_this_machine_matches_its_cores():
+    import os
+
+    spec = load_pool("actors/auto.yaml")
+    assert sum(len(e.cores) for e in spec.executors) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("executors: [", "not valid YAML"),
+    ("version: 7\nexecutors: []", "version 7"),
+    ("executors: []", "non-empty list"),
+    ("executors:\n  - {name: a, kind: tpu}", "kind: cpu, gpu or sim"),
+    ("executors:\n  - {name: a, kind: cpu}", "needs cores"),
+    ("executors:\n  - {name: a, kind: cpu, cores: [0], batchsize: 3}", "unknown key 'batchsize'"),
+    ("executors:\n  - {name: a, kind: cpu, cores: [0], precision: fp8}", "one of fp32"),
+    ("executors:\n  - {name: a, kind: cpu, cores: [0], batch: 0}", "out of range"),
+    ("executors:\n  - {name: a, kind: cpu, cores: [0]}\n  - {name: a, kind: cpu, cores: [1]}", "unique"),
+    ("auto: {cpu_group_size: 1}\nexecutors: []", "not both"),
+    ("auto: {group: 2}", "no setting 'group'"),
+    ("pools: []", "unknown key 'pools'"),
+])
+def test_bad_pool_files_give_one_line_errors(tmp_path, text, fragment):
+    with pytest.raises(UserError) as info:
+        load_pool(write(tmp_path, text))
+    assert fragment in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_pool_file():
+    with pytest.raises(UserError, match="not found"):
+        load_pool("actors/nope.yaml")
+
+
+def test_gpu_pool_on_a_machine_without_gpu_names_the_fix():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    spec = PoolSpec("g", [ExecutorSpec("gpu0", "gpu", (), 0)], "gpu.yaml")
+    with pytest.raises(UserError, match="actors/cpu2.yaml"):
+        check_local_devices(spec)
+
+
+def test_executor_params_override_per_kind():
+    spec = load_pool("actors/cpu2.yaml").with_executor_params({"cpu": {"batch": 8, "precision": "bf16"}})
+    assert {(e.batch, e.precision) for e in spec.executors} == {(8, "bf16")}
+    with pytest.raises(UserError, match="out of range"):
+        load_pool("actors/cpu2.yaml").with_executor_params({"cpu": {"batch": -1}})

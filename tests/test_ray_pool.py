@@ -1,0 +1,89 @@
+"""Real Ray actors on this machine: LeNet on pinned cores, declared fake GPU resources, a killed executor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autohet.errors import UserError
+from autohet.executors import ExecutorSpec
+from autohet.models import ModelSpec
+from autohet.pool import PoolSpec, RayPool, load_pool
+from autohet.run import RunContext, run_strategy
+from autohet.workload import Workload, WorkloadSpec
+
+pytestmark = [pytest.mark.ray]
+
+
+def test_lenet_on_ray_actors_fast_split_output_ok(ray_local):
+    workload = Workload.from_spec(WorkloadSpec(3000, (1, 28, 28)))
+    pool = RayPool(load_pool("actors/cpu2.yaml"))
+    try:
+        m = run_strategy("fast_split", {}, pool, RunContext(ModelSpec("lenet"), workload,
+                                                            standalone_seconds=0.3))
+    finally:
+        pool.shutdown()
+    assert m.output_ok, m.failures
+    assert m.max_abs_diff < 1e-4
+    assert all(e.images > 0 and e.standalone_ips > 0 for e in m.executors)
+    assert 0 < m.efficiency < 1.5
+
+
+def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
+    workload = Workload.from_spec(WorkloadSpec(500, (1, 28, 28)))
+    pool = RayPool(load_pool("actors/cpu2.yaml"))
+    try:
+        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.1)
+        run_strategy("fifo", {}, pool, ctx)
+        first = list(pool.actors)
+        pool.configure({"cpu": {"batch": 8}})
+        m = run_strategy("hat", {}, pool, ctx)
+        assert pool.actors == first
+        assert m.output_ok
+        assert all(e["batch"] == 8 for e in ray_local.get([a.configure.remote({}) for a in pool.actors]))
+    finally:
+        pool.shutdown()
+
+
+def test_declared_fake_gpu_is_taken_by_the_simulated_gpu_executor(ray_local):
+    workload = Workload.from_spec(WorkloadSpec(2000, (1, 28, 28)))
+    pool = RayPool(load_pool("actors/sim_gpu.yaml"))
+    try:
+        pool.start(ModelSpec("lenet"), workload)
+        assert ray_local.available_resources().get("GPU", 0) == 0  # the fake GPU is held
+        m = run_strategy("fast_split", {}, pool, RunContext(ModelSpec("lenet"), workload))
+        assert m.output_ok and m.simulated
+        assert [e.device for e in m.executors] == ["simulated-gpu", "simulated"]
+    finally:
+        pool.shutdown()
+    two = PoolSpec("two", [ExecutorSpec(f"g{i}", "sim", needs_gpu=True, speed_ips=10.0) for i in range(2)])
+    with pytest.raises(UserError, match="needs 2 GPUs but the Ray cluster has 1"):
+        RayPool(two).start(ModelSpec("lenet"), workload)
+
+
+def test_killed_executor_mid_run_work_is_redispatched(ray_local):
+    spec = PoolSpec("sim3", [ExecutorSpec(f"s{i}", "sim", batch=10, speed_ips=4000.0) for i in range(3)])
+    workload = Workload.from_spec(WorkloadSpec(3000, (1, 28, 28)))
+    pool = RayPool(spec)
+    seen = []
+
+    def kill_second_after_first_completions(done):
+        seen.append(done)
+        if len(seen) == 3:
+            pool.kill(1)
+
+    try:
+        ctx = RunContext(ModelSpec("lenet"), workload, on_event=kill_second_after_first_completions)
+        m = run_strategy("fifo", {"c": 50}, pool, ctx)
+    finally:
+        pool.shutdown()
+    assert m.output_ok, m.failures
+    assert sum(e.images for e in m.executors) == 3000
+    died = [e.name for e in m.executors if e.died]
+    assert died == ["s1"]
+    assert any("s1 died" in f for f in m.failures)
+    units = sorted((u.start_image, u.size) for u in m.timeline if u.ok)
+    covered = np.zeros(3000, int)
+    for s, z in units:
+        covered[s : s + z] += 1
+    assert (covered == 1).all()

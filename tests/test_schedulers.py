@@ -1,0 +1,151 @@
+"""Each scheduler's rule, on a deterministic virtual clock (no Ray, no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from autohet.pool import VirtualClockDispatcher
+from autohet.strategies import get_strategy
+from autohet.strategies._driver import drive, split_by_weights
+
+
+def run(name: str, speeds, total=10000, overheads=None, die_at=None, **params):
+    strategy = get_strategy(name)
+    checked = strategy.validate(params)
+    names = [f"e{i}" for i in range(len(speeds))]
+    disp = VirtualClockDispatcher(names, list(speeds), overheads, die_at)
+    result = drive(strategy, checked, disp, total)
+    return result, checked
+
+
+def units_of(result, executor=None):
+    return [u for u in result.timeline if executor is None or u.executor == executor]
+
+
+def assert_exactly_once_in_order(result, total):
+    assert result.coverage.tolist() == [1] * total
+    assert np.array_equal(result.outputs[:, 0], np.arange(total, dtype=np.float32))
+
+
+def test_split_by_weights_sums_exactly_and_is_proportional():
+    assert split_by_weights(10, [1, 1, 1]) == [4, 3, 3]
+    assert split_by_weights(100, [1, 3]) == [25, 75]
+    assert sum(split_by_weights(997, [0.3, 2.2, 9.1])) == 997
+    assert split_by_weights(5, [0, 0]) == [3, 2]  # no information: equal
+    assert split_by_weights(0, [1, 2]) == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["single", "static", "quick", "chunk", "hat", "fifo", "fast_split"])
+def test_every_image_exactly_once_and_in_order(name):
+    result, _ = run(name, [1000.0, 3000.0, 500.0], total=5003, overheads=[0.01, 0.002, 0.0])
+    assert_exactly_once_in_order(result, 5003)
+    assert sum(result.images_by_executor) == 5003
+
+
+def test_single_uses_one_executor():
+    result, _ = run("single", [1000.0, 3000.0], executor=1)
+    assert [u.executor for u in result.timeline] == ["e1"]
+    assert result.images_by_executor == [0, 10000]
+
+
+def test_static_shares_follow_ratios_or_are_equal():
+    result, _ = run("static", [1000.0, 3000.0], total=1000, ratios=[1, 3])
+    assert result.images_by_executor == [250, 750]
+    result, _ = run("static", [1000.0, 3000.0, 10.0], total=1000)
+    assert result.images_by_executor == [334, 333, 333]
+
+
+def test_quick_probes_then_splits_once_by_measured_speed():
+    result, _ = run("quick", [1000.0, 3000.0], total=10000, p=100)
+    sizes = [(u.executor, u.size) for u in result.timeline]
+    assert sorted(sizes[:2]) == [("e0", 100), ("e1", 100)]
+    assert len(sizes) == 4
+    second = dict(sizes[2:])
+    assert second == {"e0": 2450, "e1": 7350}  # 9800 split 1:3
+
+
+def test_chunk_rounds_total_w_with_barrier_and_speed_split():
+    result, _ = run("chunk", [1000.0, 3000.0], total=2000, w=400)
+    rounds = [result.timeline[i : i + 2] for i in range(0, len(result.timeline), 2)]
+    assert sorted(u.size for u in rounds[0]) == [200, 200]  # round 1: equal
+    for prev, nxt in zip(rounds, rounds[1:], strict=False):
+        assert min(u.start_s for u in nxt) >= max(u.end_s for u in prev) - 1e-12  # barrier
+        assert sum(u.size for u in nxt) == 400
+        assert {u.executor: u.size for u in nxt} == {"e0": 100, "e1": 300}
+
+
+def test_hat_doubles_while_finish_times_differ_then_splits_the_rest():
+    # overheads make small rounds unbalanced: doubling until little is left
+    result, _ = run("hat", [1000.0, 3000.0], total=10000, overheads=[0.05, 0.0], s=100, tol=0.01)
+    per_round = {}
+    for u in result.timeline:
+        per_round.setdefault(round(u.start_s, 9), 0)
+        per_round[round(u.start_s, 9)] += u.size
+    totals = [per_round[k] for k in sorted(per_round)]
+    assert totals[0] == 100
+    for a, b in zip(totals[:-2], totals[1:-1], strict=False):
+        assert b == 2 * a
+    assert totals[-1] == 10000 - sum(totals[:-1])
+    assert totals[-1] <= 2 * totals[-2] * 2
+
+
+def test_hat_sends_everything_once_finish_times_are_close():
+    result, _ = run("hat", [1000.0, 1000.0], total=10000, s=100, tol=0.1)
+    assert [u.size for u in result.timeline] == [50, 50, 4950, 4950]
+
+
+def test_fifo_hands_fixed_chunks_without_barrier():
+    result, _ = run("fifo", [1000.0, 3000.0], total=1000, c=50)
+    assert all(u.size == 50 for u in result.timeline)
+    fast = units_of(result, "e1")
+    slow = units_of(result, "e0")
+    assert len(fast) > 2 * len(slow)  # the fast executor is not held back by the slow one
+    assert len(result.timeline) == 20
+
+
+def test_fast_split_probe_phase_then_proportional_then_rest():
+    speeds = [1000.0, 4000.0]
+    result, params = run("fast_split", speeds, total=10000, w_s=100, r=0.5, threshold=100)
+    tl = result.timeline
+    # probe phase: the fast executor gets probe chunks again until the slow one finished its first
+    slow_first_end = units_of(result, "e0")[0].end_s
+    probes = [u for u in tl if u.start_s < slow_first_end]
+    assert all(u.size == 100 for u in probes)
+    assert len(units_of(result, "e1")) >= 3 and units_of(result, "e1")[2].size == 100
+    # thereafter: w_i = remaining * r * v_i / max(v), with remaining as seen at the time
+    remaining = 10000 - sum(u.size for u in probes)
+    later = sorted((u for u in tl if u.start_s >= slow_first_end), key=lambda u: (u.start_s, u.executor))
+    assert later
+    for u in later:
+        v = speeds[int(u.executor[1])]
+        if remaining >= 100:
+            assert u.size == max(1, int(remaining * 0.5 * v / max(speeds)))
+        else:
+            assert u.size == remaining  # below the threshold: all of the rest at once
+        remaining -= u.size
+    assert remaining == 0
+
+
+def test_fast_split_gives_all_the_rest_below_threshold():
+    result, _ = run("fast_split", [1000.0, 1000.0], total=1000, w_s=100, r=0.5, threshold=300)
+    sizes = [u.size for u in sorted(result.timeline, key=lambda u: u.start_s)]
+    # both probes end at t=0.1; e0 is seen first while e1 has not reported, so e0 probes again;
+    # then 700 left -> 350 (e1); 350 -> 175 (e0); 175 < 300 -> all 175 (e1)
+    assert sizes == [100, 100, 100, 350, 175, 175]
+
+
+@pytest.mark.parametrize("name", ["static", "quick", "chunk", "hat", "fifo", "fast_split"])
+def test_dead_executor_work_is_redispatched_exactly_once(name):
+    result, _ = run(name, [1000.0, 1000.0, 1000.0], total=3000, die_at={1: 0.05})
+    assert_exactly_once_in_order(result, 3000)
+    assert result.died == [False, True, False]
+    assert result.failures and "e1 died" in result.failures[0]
+    assert result.images_by_executor[1] < 1000
+
+
+def test_all_executors_dead_is_an_error():
+    from autohet.errors import UserError
+
+    with pytest.raises(UserError, match="every executor died"):
+        run("fifo", [1000.0, 1000.0], total=3000, die_at={0: 0.01, 1: 0.01})
