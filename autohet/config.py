@@ -102,7 +102,7 @@ def load_config(path: str | Path) -> RunConfig:
     if not isinstance(execs, list) or not execs:
         raise UserError(f"{file}: pool.executors must be a non-empty list")
     pool = PoolSpec(pool_raw.get("name", "config"), [_executor(e, i, str(file)) for i, e in enumerate(execs)],
-                    str(file))
+                    str(pool_raw.get("source") or file))
     workload = raw.get("workload") or {}
     return RunConfig(
         model=ModelSpec(str(model["name"]), int(model.get("seed", 0)), model.get("checkpoint")),

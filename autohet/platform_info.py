@@ -40,7 +40,7 @@ def fingerprint() -> dict[str, Any]:
         "gpus": gpus,
         "machine": platform.machine(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": str(torch.__version__),
         "ray": _version("ray"),
         "tvm": _version("apache-tvm"),
     }

@@ -33,15 +33,23 @@ class RunContext:
     check_images: int = 64
     standalone_seconds: float = 1.0
     on_event: Callable[[Completion], None] | None = None
+    objective: str = "throughput"
+    latency_runs: int = 50
     _reference: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def standalone(self, pool: Pool) -> list[float]:
         """Each executor's standalone throughput, measured now (the limit is their sum)."""
-        return pool.standalone_ips(self.standalone_seconds)
+        return pool.standalone_ips(self.standalone_seconds, max(1, self.workload.images // max(1, len(pool))))
+
+    def with_images(self, images: int) -> RunContext:
+        """The same context over the first ``images`` images of the same bank (reference kept)."""
+        return RunContext(self.model, Workload(self.workload.bank, images), self.check_images,
+                          self.standalone_seconds, self.on_event, self.objective, self.latency_runs,
+                          self._reference)
 
     def reference(self, indices: np.ndarray, simulated: bool) -> np.ndarray:
         """Single-device fp32 CPU outputs for ``indices`` (cached per run context)."""
-        key = f"{simulated}:{len(indices)}"
+        key = f"{simulated}:{len(indices)}:{hash(indices.tobytes())}"
         if key not in self._reference:
             if simulated:
                 self._reference[key] = indices.astype(np.float32).reshape(-1, 1)

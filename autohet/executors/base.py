@@ -114,14 +114,16 @@ class Executor(ABC):
                 self.load(self.workload)
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> float:
-        """Throughput running alone: whole units of several batches until min_seconds have passed."""
+        """Throughput running alone: units of one batch until ``min_seconds`` pass or ``max_images`` ran.
+
+        ``max_images`` (the executor's fair share of a run) keeps big models on slow devices from
+        spending minutes here; at least one unit always runs.
+        """
         assert self.workload is not None, "load() first"
-        unit = max(self.spec.batch, 1) * 4
-        if max_images:
-            unit = min(unit, max_images)
+        unit = max(1, min(self.spec.batch, max_images or self.spec.batch))
         done, elapsed = 0, 0.0
         start = time.perf_counter()
-        while elapsed < min_seconds and (max_images is None or done < max_images):
+        while done == 0 or (elapsed < min_seconds and (max_images is None or done < max_images)):
             self.run(done % self.workload.images, unit)
             done += unit
             elapsed = time.perf_counter() - start

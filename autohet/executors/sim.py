@@ -48,5 +48,5 @@ class SimExecutor(Executor):
         return UnitResult(sim_outputs(start, size), seconds)
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> float:
-        unit = max(self.spec.batch, 1) * 4
+        unit = max(1, min(self.spec.batch, max_images or self.spec.batch))
         return unit / self.duration(unit)

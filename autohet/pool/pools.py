@@ -40,7 +40,7 @@ class Pool(ABC):
     def dispatcher(self) -> Dispatcher: ...
 
     @abstractmethod
-    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
         """Each executor's throughput running alone, measured one after another."""
 
     def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
@@ -69,8 +69,8 @@ class LocalPool(Pool):
     def dispatcher(self) -> Dispatcher:
         return LocalDispatcher(self.executors)
 
-    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
-        return [ex.standalone_ips(min_seconds) for ex in self.executors]
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
+        return [ex.standalone_ips(min_seconds, max_images) for ex in self.executors]
 
     def _apply_config(self) -> None:
         for ex, spec in zip(self.executors, self.spec.executors, strict=True):
@@ -92,10 +92,10 @@ class VirtualPool(Pool):
         return VirtualClockDispatcher(self.names, [e.speed_ips for e in execs], [e.overhead_s for e in execs],
                                       self.die_at)
 
-    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
         out = []
         for e in self.spec.executors:
-            unit = max(e.batch, 1) * 4
+            unit = max(1, min(e.batch, max_images or e.batch))
             out.append(unit / (e.overhead_s + unit / e.speed_ips))
         return out
 
@@ -109,14 +109,25 @@ class RayPool(Pool):
         self.name_prefix = name_prefix
         self.workload_ref: Any = None
 
+    @classmethod
+    def attached(cls, spec: PoolSpec, actors: list[Any], started_for: tuple[ModelSpec, int]) -> RayPool:
+        """A pool over actors someone else started (the tuner's manager); it does not own them."""
+        pool = cls(spec)
+        pool.actors = list(actors)
+        pool.started_for = started_for
+        pool.owned = False
+        return pool
+
+    owned = True
+
     def start(self, model: ModelSpec, workload: Workload) -> None:
         import ray
 
         from autohet.pool.ray_pool import ExecutorActor, actor_options, check_cluster_resources
 
-        check_cluster_resources(self.spec)
-        if self.actors and self.started_for == (model, workload.images):
+        if self.actors and (not self.owned or self.started_for == (model, workload.images)):
             return
+        check_cluster_resources(self.spec)
         self.shutdown()
         self.workload_ref = ray.put(workload)
         remote_cls = ray.remote(ExecutorActor)
@@ -131,13 +142,13 @@ class RayPool(Pool):
 
         return RayDispatcher(self.names, self.actors)
 
-    def standalone_ips(self, min_seconds: float = 1.0) -> list[float]:
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
         import ray
 
         out = []
         for actor in self.actors:
             try:
-                out.append(float(ray.get(actor.standalone_ips.remote(min_seconds))))
+                out.append(float(ray.get(actor.standalone_ips.remote(min_seconds, max_images))))
             except Exception:  # a dead executor has no standalone throughput
                 out.append(0.0)
         return out
@@ -158,6 +169,8 @@ class RayPool(Pool):
     def shutdown(self) -> None:
         import ray
 
+        if not self.owned:
+            return
         for actor in self.actors:
             try:
                 ray.kill(actor)

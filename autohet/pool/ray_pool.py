@@ -33,8 +33,8 @@ class ExecutorActor:
         result = self.executor.run(start, size)
         return result.outputs, result.compute_s
 
-    def standalone_ips(self, min_seconds: float) -> float:
-        return self.executor.standalone_ips(min_seconds)
+    def standalone_ips(self, min_seconds: float, max_images: int | None = None) -> float:
+        return self.executor.standalone_ips(min_seconds, max_images)
 
     def ping(self) -> str:
         return self.executor.ping()

@@ -46,7 +46,7 @@ class DataParallelStrategy(Strategy):
 
 
 class SingleScheduler(DataParallelStrategy):
-    """All images on one executor: the single-device baseline."""
+    """All images on one executor: the single-device baseline (also batch-1 latency's baseline)."""
 
     name = "single"
     barrier = True
@@ -56,6 +56,14 @@ class SingleScheduler(DataParallelStrategy):
         if params["executor"] >= len(pool):
             raise UserError(f"single: executor {params['executor']} is out of range; the pool has "
                             f"{len(pool)} executors (0-{len(pool) - 1}: {', '.join(pool.names)})")
+
+    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+        if ctx.objective != "latency":
+            return super().run(pool, ctx, params)
+        from autohet.latency import latency_on_executor
+
+        self.check_pool(pool, params)
+        return latency_on_executor(pool, ctx, params["executor"], self.name, params)
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         target = params["executor"] if params["executor"] in idle else idle[0]

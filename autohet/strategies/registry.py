@@ -1,8 +1,16 @@
-"""Strategy name -> factory. Modules are imported lazily; a strategy joins by one line here."""
+"""Strategy name -> factory. Modules are imported lazily; a strategy joins by one line here.
+
+Plug-ins outside the package join through the ``autohet.strategies`` entry-point group
+(``name = "module:Class"``) or the AUTOHET_PLUGINS environment variable (comma-separated
+modules that call ``register_strategy`` on import). Both are read in every process, Ray
+workers included, so a plug-in strategy runs wherever the tuner sends it.
+"""
 
 from __future__ import annotations
 
 import importlib
+import os
+from importlib import metadata
 
 from autohet.errors import unknown_name
 from autohet.strategies.base import Strategy
@@ -21,16 +29,32 @@ STRATEGIES: dict[str, str] = {
 }
 
 
+_plugins_loaded = False
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for entry in metadata.entry_points(group="autohet.strategies"):
+        STRATEGIES.setdefault(entry.name, entry.value)
+    for module in filter(None, (m.strip() for m in os.environ.get("AUTOHET_PLUGINS", "").split(","))):
+        importlib.import_module(module)
+
+
 def register_strategy(name: str, target: str) -> None:
     """Adds a strategy by import path ``module:Class`` (plug-ins call this)."""
     STRATEGIES[name] = target
 
 
 def strategy_names() -> list[str]:
+    _load_plugins()
     return list(STRATEGIES)
 
 
 def get_strategy(name: str) -> Strategy:
+    _load_plugins()
     if name not in STRATEGIES:
         raise unknown_name("strategy", name, list(STRATEGIES))
     module, _, cls = STRATEGIES[name].partition(":")

@@ -1,0 +1,56 @@
+"""``autohet tune``: search every strategy and its parameters; export the best valid trial."""
+
+from __future__ import annotations
+
+import argparse
+
+from autohet.commands._common import add_model_args, model_spec, table
+from autohet.tuning.settings import load_settings
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tune", help="search strategies and parameters with Ray Tune + Optuna; log to MLflow")
+    add_model_args(p)
+    p.add_argument("--conf", help="tune defaults (default conf/default.yaml)")
+    p.add_argument("--objective", choices=["throughput", "latency"])
+    p.add_argument("--trials", type=int, help="trial budget")
+    p.add_argument("--time-budget", type=float, dest="time_budget_s", metavar="SECONDS", help="wall-clock budget")
+    p.add_argument("--strategies", help="comma-separated strategy names (single is always included)")
+    p.add_argument("--pool", help="pool file (default from the conf: actors/auto.yaml)")
+    p.add_argument("--experiment", help="MLflow experiment (default: the model name)")
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite under runs/)")
+    p.add_argument("--seed", type=int, help="sampler seed")
+    p.add_argument("--images", help="images per trial, or auto")
+    p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic images")
+    p.add_argument("--npy", help="an .npy file of images instead of synthetic ones")
+    p.add_argument("--resume", action="store_true", help="continue a killed tune, keeping finished trials")
+    p.add_argument("--address", help="join this Ray cluster")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from autohet.tuning.tuner import tune_model
+
+    model = model_spec(args)
+    images = args.images
+    if images is not None and images != "auto":
+        images = int(images) if str(images).isdigit() else images
+    settings = load_settings(args.conf, {
+        "objective": args.objective, "trials": args.trials, "time_budget_s": args.time_budget_s,
+        "strategies": args.strategies, "pool": args.pool, "experiment": args.experiment,
+        "tracking_uri": args.tracking_uri, "seed": args.seed, "images": images})
+    outcome = tune_model(model, settings, args.address, args.resume, args.data_seed, args.npy)
+    unit = "img/s" if settings.objective == "throughput" else "ms (p50)"
+    print(f"\n{outcome.trials_done} trials of {model.name} ({settings.objective}); best valid per strategy:")
+    print(table([[r["strategy"], r["trials"], r["invalid"], "-" if r["best"] is None else r["best"],
+                  "-" if r["efficiency"] is None else r["efficiency"]] for r in outcome.summary],
+                ["strategy", "trials", "invalid", f"best {unit}", "efficiency"]))
+    if outcome.best_path:
+        b = outcome.best
+        print(f"\nbest: {b['strategy']} {b['params']} -> {outcome.best_path}")
+        print(f"rerun: autohet run --config {outcome.best_path}")
+        return 0
+    print("\nno valid trial: nothing exported (see the invalid trials' errors in MLflow: autohet ui)")
+    return 4

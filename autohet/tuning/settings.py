@@ -1,0 +1,75 @@
+"""Tune settings: conf/*.yaml defaults, overridden by command-line options."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from autohet.errors import UserError
+
+__all__ = ["TuneSettings", "load_settings"]
+
+
+@dataclass
+class TuneSettings:
+    objective: str = "throughput"
+    trials: int = 30
+    time_budget_s: float = 600.0
+    seed: int = 0
+    pool: str = "actors/auto.yaml"
+    strategies: str | list[str] = "all"
+    tracking_uri: str | None = None
+    experiment: str | None = None
+    images: int | str = "auto"
+    target_trial_seconds: float = 3.0
+    min_images: int = 32
+    max_images: int = 20000
+    check_images: int = 16
+    standalone_seconds: float = 0.5
+    search_spaces: str = "search_spaces"
+    latency_runs: int = 50
+
+    def validate(self) -> TuneSettings:
+        if self.objective not in ("throughput", "latency"):
+            raise UserError(f"objective must be throughput or latency, got {self.objective!r}")
+        for name in ("trials", "min_images", "max_images", "check_images", "latency_runs"):
+            if int(getattr(self, name)) < 1:
+                raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if float(self.time_budget_s) <= 0:
+            raise UserError(f"time budget must be positive seconds, got {self.time_budget_s}")
+        if self.images != "auto" and (not str(self.images).isdigit() or int(self.images) < 1):
+            raise UserError(f"images must be 'auto' or a positive integer, got {self.images!r}")
+        if isinstance(self.strategies, str) and self.strategies != "all":
+            self.strategies = [s.strip() for s in self.strategies.split(",") if s.strip()]
+        return self
+
+    @property
+    def strategy_list(self) -> list[str] | None:
+        return None if self.strategies == "all" else list(self.strategies)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def load_settings(path: str | None, overrides: dict[str, Any]) -> TuneSettings:
+    """Reads ``path`` (default conf/default.yaml when present) and applies non-None overrides."""
+    raw: dict[str, Any] = {}
+    file = Path(path) if path else Path("conf/default.yaml")
+    if path and not file.is_file():
+        raise UserError(f"tune conf {file} not found; use conf/default.yaml or your own copy of it")
+    if file.is_file():
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError:
+            raise UserError(f"{file} is not valid YAML; fix its syntax (see conf/default.yaml)") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"{file}: a tune conf is a mapping of settings")
+    known = {f.name for f in fields(TuneSettings)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise UserError(f"{file}: unknown setting {unknown[0]!r}; valid: {', '.join(sorted(known))}")
+    raw.update({k: v for k, v in overrides.items() if v is not None})
+    return TuneSettings(**raw).validate()

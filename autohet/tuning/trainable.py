@@ -1,0 +1,109 @@
+"""The function Ray Tune runs for each trial: one real strategy run on the manager's executors."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+from autohet.config import RunConfig
+from autohet.errors import UserError
+from autohet.measurement import Measurement
+from autohet.models import ModelSpec
+from autohet.run import RunContext, run_strategy
+from autohet.tuning.space import SearchSpace
+from autohet.workload import Workload
+
+__all__ = ["TrialSetup", "run_trial", "trial_metrics", "INVALID"]
+
+# Objective values for trials that are invalid (failed output check or error): never the best.
+INVALID = {"throughput": 0.0, "latency": 1e12}
+
+
+@dataclass
+class TrialSetup:
+    """What every trial shares; passed once through the object store (tune.with_parameters)."""
+
+    model: ModelSpec
+    workload: Workload
+    objective: str
+    manager_name: str
+    check_images: int
+    standalone_seconds: float
+    latency_runs: int
+    workload_seed: int = 0
+    npy: str | None = None
+    reference: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def trial_metrics(m: Measurement, objective: str) -> dict[str, Any]:
+    """The flat numbers reported to Tune (and logged to MLflow) for a measured trial."""
+    valid = bool(m.output_ok)
+    if objective == "latency":
+        value = m.latency_ms.get("p50", INVALID["latency"]) if valid else INVALID["latency"]
+    else:
+        value = m.throughput_ips if valid else INVALID["throughput"]
+    out: dict[str, Any] = {
+        "objective_value": float(value), "valid": int(valid), "throughput_ips": m.throughput_ips,
+        "limit_ips": m.limit_ips, "efficiency": m.efficiency, "max_abs_diff": m.max_abs_diff,
+        "wall_s": m.wall_s, "images": m.images, "simulated": int(m.simulated),
+    }
+    for key in ("p50", "p95"):
+        if key in m.latency_ms:
+            out[f"latency_{key}_ms"] = m.latency_ms[key]
+    total = sum(e.images for e in m.executors) or 1
+    for e in m.executors:
+        out[f"share.{e.name}"] = e.images / total
+        out[f"busy.{e.name}"] = e.busy_s / m.wall_s if m.wall_s > 0 else 0.0
+    return out
+
+
+def _invalid(objective: str, error: str) -> dict[str, Any]:
+    return {"objective_value": INVALID[objective], "valid": 0, "error": error[:500]}
+
+
+def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
+    """Decodes the trial's config, runs it on the manager's actors, returns the result dict."""
+    import ray
+
+    from autohet.pool import RayPool
+
+    strategy, params, exec_params, pool_params = SearchSpace.decode(config)
+    manager = ray.get_actor(setup.manager_name, namespace="autohet")
+    ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
+                     objective=setup.objective, latency_runs=setup.latency_runs,
+                     _reference=dict(setup.reference))
+    try:
+        spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))
+        if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
+            params["ratios"] = params["ratios"][: len(spec.executors)]
+        pool = RayPool.attached(spec, actors, (setup.model, setup.workload.images))
+        m = run_strategy(strategy, params, pool, ctx)
+    except UserError as exc:
+        result = _invalid(setup.objective, str(exc))
+        result.update(strategy=strategy, params_json=json.dumps(params))
+        return result
+    config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
+                           images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
+                           executor_params=exec_params,
+                           measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
+                                     "efficiency": m.efficiency, "latency_ms": m.latency_ms,
+                                     "output_ok": m.output_ok, "max_abs_diff": m.max_abs_diff,
+                                     "simulated": m.simulated})
+    result = trial_metrics(m, setup.objective)
+    result.update(strategy=strategy, params_json=json.dumps(m.params),
+                  measurement=m.to_json(timeline=True),
+                  config_yaml=yaml.safe_dump(config_out.to_dict(), sort_keys=False))
+    if not m.output_ok:
+        result["error"] = "; ".join(m.failures)[:500]
+    return result
+
+
+def tune_entry(config: dict[str, Any], setup: TrialSetup) -> None:
+    """The function trainable: one report per trial."""
+    from ray import tune
+
+    tune.report(run_trial(config, setup))

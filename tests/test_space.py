@@ -1,0 +1,96 @@
+"""search_spaces YAML -> Optuna define-by-run: conditional parameters, ranges, errors."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from autohet.errors import UserError
+from autohet.pool import load_pool
+from autohet.tuning.space import SearchSpace, load_search_space
+from autohet.tuning.tuner import DefineByRun, initial_points
+
+
+def write(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_repo_spaces_cover_every_registered_data_parallel_strategy():
+    space = load_search_space("search_spaces")
+    assert {"single", "static", "quick", "chunk", "hat", "fifo", "fast_split"} <= set(space.strategies)
+    assert "batch" in space.executors["cpu"] and "precision" in space.executors["gpu"]
+
+
+def test_define_by_run_suggests_strategy_first_then_only_its_params():
+    space = load_search_space("search_spaces")
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    define = DefineByRun(space, pool_size=3, kinds={"cpu"}, pool_dims=True)
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        define(trial)
+        strategy = trial.params["strategy"]
+        seen.add(strategy)
+        own = {k for k in trial.params if "." in k and not k.startswith(("exec.", "pool."))}
+        assert all(k.startswith(strategy + ".") for k in own)
+        expected = set()
+        for name, dim in space.strategies[strategy].items():
+            if dim.type == "weights":
+                expected |= {f"{strategy}.{name}_{i}" for i in range(3)}
+            else:
+                expected.add(f"{strategy}.{name}")
+        assert own == expected
+        assert "exec.cpu.batch" in trial.params and "exec.gpu.batch" not in trial.params
+        if strategy == "fast_split":
+            assert 8 <= trial.params["fast_split.w_s"] <= 2048 and 0.1 <= trial.params["fast_split.r"] <= 1.0
+        if strategy == "single":
+            assert trial.params["single.executor"] in (0, 1, 2)
+        if strategy == "static":
+            assert {"static.ratios_0", "static.ratios_1", "static.ratios_2"} <= set(trial.params)
+        study.tell(trial, 1.0)
+    assert seen == set(space.strategies)
+
+
+def test_decode_round_trip():
+    strategy, params, execs, pool = SearchSpace.decode({
+        "strategy": "static", "static.ratios_1": 0.5, "static.ratios_0": 0.25, "exec.cpu.batch": 16,
+        "pool.cpu_group_size": 2, "fifo.c": 9})
+    assert strategy == "static" and params == {"ratios": [0.25, 0.5]}
+    assert execs == {"cpu": {"batch": 16}} and pool == {"cpu_group_size": 2}
+
+
+def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
+    space = load_search_space("search_spaces")
+    points = initial_points(space, load_pool("actors/cpu2.yaml"))
+    assert points[0]["strategy"] == "single" and points[0]["single.executor"] == 0
+    assert sum(p["strategy"] == "single" for p in points) == 1  # both executors are 1-core CPUs
+    assert {p["strategy"] for p in points} == set(space.strategies)
+    fast = next(p for p in points if p["strategy"] == "fast_split")
+    assert fast["fast_split.w_s"] == 64 and fast["exec.cpu.batch"] == 64
+
+
+def test_restrict_keeps_single_and_checks_names():
+    space = load_search_space("search_spaces")
+    assert list(space.restrict(["fifo"], "throughput").strategies) == ["single", "fifo"]
+    with pytest.raises(UserError, match="no search space; valid:"):
+        space.restrict(["nope"], "throughput")
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("strategies: {fifo: {c: {type: int, low: 5}}}", "needs numeric low and high"),
+    ("strategies: {fifo: {c: {type: int, low: 9, high: 2}}}", "low 9 > high 2"),
+    ("strategies: {fifo: {size: {type: int, low: 1, high: 2}}}", "no parameter 'size'; valid: c"),
+    ("strategies: {roundrobin: {}}", "is not registered; valid:"),
+    ("strategies: {fifo: {c: {type: gaussian}}}", "type: one of"),
+    ("strategies: {fifo: {c: {type: categorical, choices: []}}}", "non-empty choices"),
+    ("strategies: {fifo: {c: {type: float, low: 0, high: 1, log: true}}}", "low must be > 0"),
+    ("executors: {tpu: {batch: {type: categorical, choices: [1]}}}", "not cpu, gpu or sim"),
+    ("executors: {cpu: {threads: {type: categorical, choices: [1]}}}", "no parameter 'threads'"),
+    ("strategies: [", "not valid YAML"),
+    ("famly: x", "unknown key 'famly'"),
+])
+def test_bad_space_yaml_is_a_clear_error(tmp_path, text, fragment):
+    with pytest.raises(UserError) as info:
+        load_search_space(write(tmp_path, "bad.yaml", text))
+    assert fragment in str(info.value)
