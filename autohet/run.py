@@ -35,17 +35,22 @@ class RunContext:
     on_event: Callable[[Completion], None] | None = None
     objective: str = "throughput"
     latency_runs: int = 50
+    standalone_provider: Callable[[Pool, int], list[float]] | None = None
     _reference: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def standalone(self, pool: Pool) -> list[float]:
-        """Each executor's standalone throughput, measured now (the limit is their sum)."""
-        return pool.standalone_ips(self.standalone_seconds, max(1, self.workload.images // max(1, len(pool))))
+        """Each executor's standalone throughput (the limit is their sum): measured now, or by the
+        provider (the tuner measures once per executor configuration and reuses it)."""
+        share = max(1, self.workload.images // max(1, len(pool)))
+        if self.standalone_provider is not None:
+            return self.standalone_provider(pool, share)
+        return pool.standalone_ips(self.standalone_seconds, share)
 
     def with_images(self, images: int) -> RunContext:
         """The same context over the first ``images`` images of the same bank (reference kept)."""
         return RunContext(self.model, Workload(self.workload.bank, images), self.check_images,
                           self.standalone_seconds, self.on_event, self.objective, self.latency_runs,
-                          self._reference)
+                          self.standalone_provider, self._reference)
 
     def reference(self, indices: np.ndarray, simulated: bool) -> np.ndarray:
         """Single-device fp32 CPU outputs for ``indices`` (cached per run context)."""

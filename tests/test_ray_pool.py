@@ -87,3 +87,25 @@ def test_killed_executor_mid_run_work_is_redispatched(ray_local):
     for s, z in units:
         covered[s : s + z] += 1
     assert (covered == 1).all()
+
+
+def test_large_units_run_as_parts_in_order_and_a_death_mid_unit_fails_the_whole_unit(ray_local):
+    """batch 10 -> parts of 80 images; the executor dies on its 4th call, inside a 500-image unit."""
+    spec = PoolSpec("parts", [ExecutorSpec("dies", "sim", batch=10, speed_ips=20000.0, extra={"die_after_units": 3}),
+                              ExecutorSpec("lives", "sim", batch=10, speed_ips=20000.0)])
+    workload = Workload.from_spec(WorkloadSpec(1000, (1, 28, 28)))
+    pool = RayPool(spec)
+    try:
+        pool.start(ModelSpec("lenet"), workload)
+        disp = pool.dispatcher()
+        disp.submit(1, 0, 500)
+        done = disp.wait_any()
+        assert done.ok and done.outputs[:, 0].tolist() == list(range(500))
+        disp.submit(0, 500, 500)
+        failed = disp.wait_any()
+        assert not failed.ok and (failed.start, failed.size) == (500, 500)
+        m = run_strategy("fifo", {"c": 300}, pool, RunContext(ModelSpec("lenet"), workload))
+        assert m.output_ok and [e.died for e in m.executors] == [True, False]
+        assert m.executors[1].images == 1000
+    finally:
+        pool.shutdown()

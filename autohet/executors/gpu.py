@@ -8,6 +8,7 @@ pinned buffer on the compute stream; the host waits once per unit.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -25,14 +26,24 @@ __all__ = ["GpuExecutor", "DTYPES"]
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def local_gpu_index(requested: int) -> int:
+    """The device index to use in this process: under Ray (CUDA_VISIBLE_DEVICES narrowed to the one
+    GPU it assigned) that is 0, whatever index the pool file named."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and len([v for v in visible.split(",") if v.strip()]) == 1:
+        return 0
+    return requested
+
+
 class GpuExecutor(Executor):
     def load(self, workload: Workload) -> None:
-        if not torch.cuda.is_available() or (self.spec.gpu or 0) >= torch.cuda.device_count():
+        index = local_gpu_index(self.spec.gpu or 0)
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise UserError(f"executor {self.spec.name} asks for GPU {self.spec.gpu} but this node has "
                             f"{torch.cuda.device_count()} CUDA GPUs; use actors/auto.yaml or a CPU pool")
         if self.spec.cores:
             pin_cores(self.spec.cores)
-        self.device = torch.device("cuda", self.spec.gpu or 0)
+        self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
         tf32 = self.spec.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -108,8 +119,12 @@ class GpuExecutor(Executor):
         result = outputs[:size].numpy().copy()  # the buffer is reused by the next unit
         return UnitResult(result, time.perf_counter() - t0)
 
+    def standalone_unit(self) -> int:
+        """Eight batches: a per-call sync after every batch would understate the GPU."""
+        return self.spec.batch * 8
+
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         if torch.cuda.is_available():
-            out["gpu_name"] = torch.cuda.get_device_name(self.spec.gpu or 0)
+            out["gpu_name"] = torch.cuda.get_device_name(self.device)
         return out

@@ -140,16 +140,17 @@ class RayPool(Pool):
     def dispatcher(self) -> Dispatcher:
         from autohet.pool.ray_pool import RayDispatcher
 
-        return RayDispatcher(self.names, self.actors)
+        return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in self.spec.executors])
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
         import ray
+        from ray.exceptions import RayActorError
 
         out = []
         for actor in self.actors:
             try:
                 out.append(float(ray.get(actor.standalone_ips.remote(min_seconds, max_images))))
-            except Exception:  # a dead executor has no standalone throughput
+            except RayActorError:  # a dead executor has no standalone throughput
                 out.append(0.0)
         return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from autohet.errors import UserError
@@ -62,7 +63,7 @@ def actor_options(spec: ExecutorSpec, name: str | None = None) -> dict[str, Any]
     """Ray resources and placement for one executor."""
     opts: dict[str, Any] = {"num_cpus": len(spec.cores) if spec.kind != "sim" else 0,
                             "num_gpus": 1 if spec.kind == "gpu" or spec.needs_gpu else 0,
-                            "max_restarts": 0, "max_concurrency": 2}
+                            "max_restarts": 0, "max_concurrency": 1}
     if spec.node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -87,32 +88,85 @@ def check_cluster_resources(spec: PoolSpec) -> None:
                         f"{int(total.get('CPU', 0))} CPUs; use smaller groups or actors/auto.yaml")
 
 
-class RayDispatcher(Dispatcher):
-    """Work units as actor calls; an actor that dies turns its unit into a failed Completion."""
+@dataclass
+class _Unit:
+    """A scheduler's work unit on one executor, run as executor-sized parts kept in flight."""
 
-    def __init__(self, names: list[str], actors: list[Any]) -> None:
+    executor: int
+    start: int
+    size: int
+    submitted: float
+    parts: list[tuple[int, int]]
+    launched: int = 0
+    done: int = 0
+    compute_s: float = 0.0
+    outputs: dict[int, Any] = field(default_factory=dict)
+
+
+class RayDispatcher(Dispatcher):
+    """Work units as actor calls; an actor that dies turns its unit into a failed Completion.
+
+    A unit larger than its executor's ``max_unit_images`` is split into parts and up to ``depth``
+    parts stay queued on the actor, so the device starts the next part the moment one returns
+    (no driver round trip in between) and no single call moves a huge output array.
+    """
+
+    def __init__(self, names: list[str], actors: list[Any], max_unit: list[int] | None = None,
+                 depth: int = 2) -> None:
         super().__init__(names)
         self.actors = actors
-        self.refs: dict[Any, int] = {}
+        self.max_unit = max_unit or [1 << 30] * len(actors)
+        self.depth = depth
+        self.refs: dict[Any, tuple[_Unit, int]] = {}
+        self.units: dict[int, _Unit] = {}
+        self.stale: set[Any] = set()  # parts of failed units still in flight: ignored
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def _launch(self, unit: _Unit) -> None:
+        while unit.launched < len(unit.parts) and unit.launched - unit.done < self.depth:
+            start, size = unit.parts[unit.launched]
+            self.refs[self.actors[unit.executor].run.remote(start, size)] = (unit, unit.launched)
+            unit.launched += 1
+
     def _submit(self, executor: int, start: int, size: int) -> None:
-        self.refs[self.actors[executor].run.remote(start, size)] = executor
+        step = max(1, self.max_unit[executor])
+        parts = [(s, min(step, start + size - s)) for s in range(start, start + size, step)]
+        unit = _Unit(executor, start, size, self.now(), parts)
+        self.units[executor] = unit
+        self._launch(unit)
 
     def _wait_any(self) -> Completion:
+        import numpy as np
         import ray
 
-        ready, _ = ray.wait(list(self.refs), num_returns=1)
-        ref = ready[0]
-        executor = self.refs.pop(ref)
-        start, size, submitted = self.busy[executor]
-        try:
-            outputs, compute_s = ray.get(ref)
-        except Exception as exc:  # RayActorError when killed; any executor error fails only this unit
-            text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return Completion(executor, start, size, submitted, self.now(), 0.0,
-                              error=f"{type(exc).__name__}: {text[:200]}")
-        return Completion(executor, start, size, submitted, self.now(), compute_s, outputs)
+        while True:
+            ready, _ = ray.wait(list(self.refs) + list(self.stale), num_returns=1)
+            ref = ready[0]
+            if ref in self.stale:
+                self.stale.discard(ref)
+                continue
+            unit, index = self.refs.pop(ref)
+            try:
+                outputs, compute_s = ray.get(ref)
+            except Exception as exc:  # RayActorError when killed; any executor error fails the unit
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.stale |= {r for r, (u, _) in self.refs.items() if u is unit}
+                for r in list(self.refs):
+                    if self.refs[r][0] is unit:
+                        del self.refs[r]
+                self.units.pop(unit.executor, None)
+                return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), 0.0,
+                                  error=f"{type(exc).__name__}: {text[:200]}")
+            unit.done += 1
+            unit.compute_s += compute_s
+            unit.outputs[index] = outputs
+            if unit.done == len(unit.parts):
+                self.units.pop(unit.executor, None)
+                parts = [unit.outputs[i] for i in range(len(unit.parts))]
+                joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), unit.compute_s,
+                                  joined)
+            self._launch(unit)

@@ -36,6 +36,7 @@ class PoolManager:
         self.pool: RayPool | None = None
         self.key: tuple | None = None
         self.topologies_started = 0
+        self.standalone_cache: dict[tuple, list[float]] = {}
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
                 ) -> tuple[PoolSpec, list[Any]]:
@@ -50,6 +51,15 @@ class PoolManager:
             self.topologies_started += 1
         self.pool.configure(exec_params)
         return self.pool.spec, list(self.pool.actors)
+
+    def standalone(self, seconds: float, max_images: int) -> list[float]:
+        """Standalone throughputs of the live topology, measured once per executor configuration."""
+        assert self.pool is not None, "acquire() first"
+        key = (self.key, tuple(tuple(sorted(e.executor_params().items())) for e in self.pool.spec.executors),
+               max_images)
+        if key not in self.standalone_cache:
+            self.standalone_cache[key] = self.pool.standalone_ips(seconds, max_images)
+        return self.standalone_cache[key]
 
     def calibrate(self, seconds: float) -> float:
         """Sum of standalone throughputs of the base topology at its own params (images/s)."""

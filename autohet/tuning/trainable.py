@@ -73,8 +73,11 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
     strategy, params, exec_params, pool_params = SearchSpace.decode(config)
     manager = ray.get_actor(setup.manager_name, namespace="autohet")
+    def standalone(pool: Any, share: int) -> list[float]:
+        return ray.get(manager.standalone.remote(setup.standalone_seconds, share))
+
     ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
-                     objective=setup.objective, latency_runs=setup.latency_runs,
+                     objective=setup.objective, latency_runs=setup.latency_runs, standalone_provider=standalone,
                      _reference=dict(setup.reference))
     try:
         spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))

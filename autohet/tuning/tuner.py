@@ -152,6 +152,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     import ray
     from ray import tune
 
+    started = time.time()
     from autohet.commands._common import make_workload, resolve_pool
     from autohet.platform_info import fingerprint
     from autohet.ray_runtime import init_ray
@@ -189,9 +190,9 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     bank = make_workload(model, settings.max_images if settings.images == "auto" else int(settings.images),
                          data_seed, npy)
     manager_name = f"autohet-manager-{experiment}-{os.getpid()}"
+    # restartable: if its worker crashes, Ray rebuilds it and the next trial re-creates the executors
     manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0,
-                                              max_concurrency=4).remote(pool_spec, model, bank,
-                                                                        f"autohet-{experiment}")
+                                              max_restarts=3).remote(pool_spec, model, bank, f"autohet-{experiment}")
     try:
         if resume:
             images = int(state["images"])
@@ -203,8 +204,9 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         ctx = RunContext(model, workload, settings.check_images)
         sample = workload.indices_sample(settings.check_images)
         ctx.reference(sample, pool_spec.simulated)
-        lat = ctx.with_images(settings.latency_runs)
-        lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
+        if settings.objective == "latency":
+            lat = ctx.with_images(settings.latency_runs)
+            lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
         setup = TrialSetup(model, workload, settings.objective, manager_name, settings.check_images,
                            settings.standalone_seconds, settings.latency_runs, data_seed, npy, dict(ctx._reference))
 
@@ -239,11 +241,13 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         progress = _Progress(settings.trials, settings.objective, done_before)
         trainable = tune.with_resources(tune.with_parameters(tune_entry, setup=setup), {"cpu": 0.01})
         mode = "max" if settings.objective == "throughput" else "min"
+        # the budget covers the whole command: set-up so far, and about 15 s to export at the end
+        budget = max(10.0, settings.time_budget_s - (time.time() - started) - 15.0)
         callbacks = _callbacks(logger, progress, logged)
         if resume and tune.Tuner.can_restore(str(tune_dir)):
             tuner = tune.Tuner.restore(str(tune_dir), trainable, resume_unfinished=True, resume_errored=True)
             tuner._local_tuner._run_config.callbacks = callbacks  # fresh loggers for this process
-            tuner._local_tuner._tune_config.time_budget_s = settings.time_budget_s
+            tuner._local_tuner._tune_config.time_budget_s = budget
         else:
             import optuna
             from ray.tune.search.optuna import OptunaSearch
@@ -260,7 +264,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(search_alg=searcher, num_samples=settings.trials,
-                                            time_budget_s=settings.time_budget_s, max_concurrent_trials=1),
+                                            time_budget_s=budget, max_concurrent_trials=1),
                 run_config=tune.RunConfig(name="tune", storage_path=str(exp_dir), callbacks=callbacks,
                                           verbose=0, log_to_file=True),
             )

@@ -1,0 +1,45 @@
+"""Shared bits of the benchmarks: machine description and result tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["describe_machine", "emit"]
+
+
+def describe_machine() -> str:
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{cpu} x{os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
+
+
+def emit(name: str, rows: list[dict[str, Any]], columns: list[str], out: str | None) -> None:
+    """Prints the table (last, so it ends the output) and writes JSON when ``out`` is given."""
+    machine = describe_machine()
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps({"bench": name, "machine": machine, "rows": rows}, indent=1))
+    widths = {c: max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns}
+    print(f"\n{name} on {machine}")
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(widths[c]) for c in columns))
+    sys.stdout.flush()
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}"
+    return "-" if v is None else str(v)

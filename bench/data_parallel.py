@@ -1,0 +1,94 @@
+"""Goals 2 and 3: GPU + CPU groups together, measured side by side in one run per model.
+
+For each model: the best single executor over a grid of GPU batch x precision ("tuned" single),
+then fast_split, hat and fifo over a small parameter grid at that batch/precision. Prints each
+multi-device run's efficiency (throughput / the limit measured in the same run) and the ratio of
+the best multi-device throughput to the best single executor.
+
+    python -m bench.data_parallel                    # GPU machine
+    python -m bench.data_parallel --smoke            # CPU: lenet on two 1-core groups
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from autohet.models import ModelSpec, input_shape
+from autohet.pool import RayPool, load_pool
+from autohet.ray_runtime import init_ray
+from autohet.run import RunContext, run_strategy
+from autohet.workload import Workload, WorkloadSpec
+from bench._common import emit
+
+GRIDS = {
+    "fast_split": [{"w_s": w, "r": r} for w in (256, 1024) for r in (0.5, 0.8)],
+    "hat": [{"s": s} for s in (512, 2048)],
+    "fifo": [{"c": c} for c in (512, 2048)],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--models", default="resnet18,vgg16,mobilenet_v2")
+    parser.add_argument("--cpu-group-size", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=3.0, help="target seconds per run")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    init_ray()
+    if args.smoke:
+        models, pool_spec = ["lenet"], load_pool("actors/cpu2.yaml")
+        gpu_grid = [{}]
+        grids = {"fast_split": [{"w_s": 64}], "hat": [{"s": 128}], "fifo": [{"c": 256}]}
+    else:
+        models = args.models.split(",")
+        pool_spec = load_pool("actors/auto.yaml", auto_overrides={"cpu_group_size": args.cpu_group_size})
+        gpu_grid = [{"batch": b, "precision": p, "channels_last": True} for b in (128, 256, 512)
+                    for p in ("fp16", "bf16")]
+        grids = GRIDS
+    gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.kind == "gpu"), 0)
+    rows = []
+    for name in models:
+        model = ModelSpec(name)
+        pool = RayPool(pool_spec)
+        try:
+            probe = Workload.from_spec(WorkloadSpec(4096, input_shape(name)))
+            pool.start(model, probe)
+            speed = sum(pool.standalone_ips(0.5))
+            images = max(1024, int(speed * args.seconds))
+            workload = Workload(probe.bank, images)
+            ctx = RunContext(model, workload, check_images=8, standalone_seconds=0.3)
+            best_single, best_exec = None, {}
+            for exec_params in gpu_grid:
+                pool.configure({"gpu": exec_params})
+                m = run_strategy("single", {"executor": gpu_index}, pool, ctx)
+                if m.output_ok and (best_single is None or m.throughput_ips > best_single.throughput_ips):
+                    best_single, best_exec = m, exec_params
+            assert best_single is not None
+            pool.configure({"gpu": best_exec})
+            best_multi = None
+            for strategy, grid in grids.items():
+                for params in grid:
+                    m = run_strategy(strategy, params, pool, ctx)
+                    rows.append({"model": name, "strategy": strategy, "params": params, "gpu": best_exec,
+                                 "throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
+                                 "efficiency": m.efficiency, "output_ok": m.output_ok,
+                                 "vs_best_single": m.throughput_ips / best_single.throughput_ips})
+                    print(rows[-1], flush=True)
+                    if m.output_ok and (best_multi is None or m.throughput_ips > best_multi["throughput_ips"]):
+                        best_multi = rows[-1]
+            rows.append({"model": name, "strategy": "BEST single", "params": best_exec, "gpu": best_exec,
+                         "throughput_ips": best_single.throughput_ips, "limit_ips": best_single.limit_ips,
+                         "efficiency": best_single.efficiency, "output_ok": best_single.output_ok,
+                         "vs_best_single": 1.0})
+            if best_multi:
+                rows.append({**best_multi, "strategy": f"BEST {best_multi['strategy']}"})
+        finally:
+            pool.shutdown()
+    emit("data-parallel efficiency and never-worse", rows,
+         ["model", "strategy", "params", "throughput_ips", "limit_ips", "efficiency", "vs_best_single", "output_ok"],
+         args.out)
+
+
+if __name__ == "__main__":
+    main()
