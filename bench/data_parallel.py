@@ -20,10 +20,12 @@ from autohet.run import RunContext, run_strategy
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit
 
+# Sized for a GPU ~100-1000x faster than one CPU group: a CPU group must finish a probe, a round
+# share or a fifo chunk in well under a second, or it holds the whole run back.
 GRIDS = {
-    "fast_split": [{"w_s": w, "r": r} for w in (256, 1024) for r in (0.5, 0.8)],
-    "hat": [{"s": s} for s in (512, 2048)],
-    "fifo": [{"c": c} for c in (512, 2048)],
+    "fast_split": [{"w_s": w, "r": r} for w in (8, 32) for r in (0.5, 0.8)],
+    "hat": [{"s": s} for s in (32, 128)],
+    "fifo": [{"c": c} for c in (16, 64)],
 }
 
 
@@ -33,6 +35,9 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,vgg16,mobilenet_v2")
     parser.add_argument("--cpu-group-size", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0, help="target seconds per run")
+    parser.add_argument("--gpu-batches", default="256,512")
+    parser.add_argument("--precisions", default="fp16,bf16")
+    parser.add_argument("--cpu-batch", type=int, default=8)
     parser.add_argument("--out")
     args = parser.parse_args()
     init_ray()
@@ -42,9 +47,10 @@ def main() -> None:
         grids = {"fast_split": [{"w_s": 64}], "hat": [{"s": 128}], "fifo": [{"c": 256}]}
     else:
         models = args.models.split(",")
-        pool_spec = load_pool("actors/auto.yaml", auto_overrides={"cpu_group_size": args.cpu_group_size})
-        gpu_grid = [{"batch": b, "precision": p, "channels_last": True} for b in (128, 256, 512)
-                    for p in ("fp16", "bf16")]
+        pool_spec = load_pool("actors/auto.yaml", auto_overrides={
+            "cpu_group_size": args.cpu_group_size, "cpu": {"batch": args.cpu_batch}})
+        gpu_grid = [{"batch": int(b), "precision": p, "channels_last": True}
+                    for b in args.gpu_batches.split(",") for p in args.precisions.split(",")]
         grids = GRIDS
     gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.kind == "gpu"), 0)
     rows = []
@@ -62,6 +68,7 @@ def main() -> None:
             for exec_params in gpu_grid:
                 pool.configure({"gpu": exec_params})
                 m = run_strategy("single", {"executor": gpu_index}, pool, ctx)
+                print(f"ROW {name} single {exec_params} ips {m.throughput_ips:.0f} ok {m.output_ok}", flush=True)
                 if m.output_ok and (best_single is None or m.throughput_ips > best_single.throughput_ips):
                     best_single, best_exec = m, exec_params
             assert best_single is not None
@@ -74,7 +81,9 @@ def main() -> None:
                                  "throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                  "efficiency": m.efficiency, "output_ok": m.output_ok,
                                  "vs_best_single": m.throughput_ips / best_single.throughput_ips})
-                    print(rows[-1], flush=True)
+                    print(f"ROW {name} {strategy} {params} eff {m.efficiency:.3f} ips {m.throughput_ips:.0f} "
+                          f"limit {m.limit_ips:.0f} vs_single {rows[-1]['vs_best_single']:.3f} ok {m.output_ok}",
+                          flush=True)
                     if m.output_ok and (best_multi is None or m.throughput_ips > best_multi["throughput_ips"]):
                         best_multi = rows[-1]
             rows.append({"model": name, "strategy": "BEST single", "params": best_exec, "gpu": best_exec,

@@ -75,3 +75,12 @@ def test_gpu_executor_matches_cpu_reference(lenet_workload):
         with torch.inference_mode():
             ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(10, 300))).numpy()
         assert np.max(np.abs(out - ref)) <= tol * np.max(np.abs(ref))
+
+
+def test_gpu_partial_batches_run_at_a_few_padded_shapes():
+    from autohet.executors.gpu import padded_batch
+
+    shapes = {padded_batch(n, 256) for n in range(1, 257)}
+    assert shapes == {1, 2, 4, 8, 16, 32, 64, 128, 256}
+    assert all(padded_batch(n, 256) >= n for n in range(1, 257))
+    assert padded_batch(65, 100) == 100 and padded_batch(3, 100) == 4

@@ -26,6 +26,15 @@ __all__ = ["GpuExecutor", "DTYPES"]
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def padded_batch(n: int, batch: int) -> int:
+    """The shape a partial batch of ``n`` runs at: the next power of two, at most ``batch``.
+
+    cuDNN autotunes (cudnn.benchmark) once per input shape; schedulers make units of any size,
+    so unpadded partial batches would trigger a fresh autotune on almost every unit.
+    """
+    return min(batch, 1 << max(0, n - 1).bit_length())
+
+
 def local_gpu_index(requested: int) -> int:
     """The device index to use in this process: under Ray (CUDA_VISIBLE_DEVICES narrowed to the one
     GPU it assigned) that is 0, whatever index the pool file named."""
@@ -64,7 +73,10 @@ class GpuExecutor(Executor):
         self.consumed = [torch.cuda.Event() for _ in range(2)]
         self.out_host: torch.Tensor | None = None
         self.classes: int | None = None
-        for _ in range(3):  # warm-up: cudnn autotuning, allocator, lazy module loading
+        sizes = sorted({padded_batch(n, batch) for n in range(1, batch + 1)})
+        for n in sizes:  # warm-up: cuDNN autotunes each shape a unit can run at, once
+            self.run(0, min(n, workload.images))
+        for _ in range(2):
             self.run(0, min(2 * batch, workload.images))
 
     def _place_bank(self, workload: Workload) -> None:
@@ -97,6 +109,7 @@ class GpuExecutor(Executor):
         with torch.inference_mode():
             for k, offset in enumerate(range(0, size, batch)):
                 n = min(batch, size - offset)
+                padded = padded_batch(n, batch)  # rows n..padded hold stale inputs; their outputs are dropped
                 slot = k % 2
                 with torch.cuda.stream(self.copy_stream):
                     self.copy_stream.wait_event(self.consumed[slot])
@@ -106,8 +119,8 @@ class GpuExecutor(Executor):
                     self.copied[slot].record(self.copy_stream)
                 with torch.cuda.stream(self.compute_stream):
                     self.compute_stream.wait_event(self.copied[slot])
-                    x = self.dev_in[slot][:n].contiguous(memory_format=self.memory_format)
-                    y = self.model(x)
+                    x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
+                    y = self.model(x)[:n]
                     self.consumed[slot].record(self.compute_stream)
                     if self.classes is None:
                         self.classes = int(y.shape[1])
