@@ -7,6 +7,7 @@ Schema (version 1)::
     workload: {images: 10000, seed: 0, npy: null}
     pool: {name: cpu2, executors: [{name: cpu0, kind: cpu, cores: [0], batch: 64, ...}, ...]}
     strategy: fast_split
+    objective: throughput                    # or latency (batch-1 p50)
     params: {w_s: 64, r: 0.5, threshold: 100}
     executor_params: {cpu: {batch: 64}}     # what the tuner chose per executor kind
     platform: {...}                          # fingerprint of the machine it was measured on
@@ -29,8 +30,8 @@ from autohet.pool.spec import PoolSpec, _executor
 __all__ = ["CONFIG_VERSION", "RunConfig", "load_config", "write_config"]
 
 CONFIG_VERSION = 1
-_KEYS = {"autohet_config", "model", "workload", "pool", "strategy", "params", "executor_params", "platform",
-         "measured", "mlflow", "artifacts"}
+_KEYS = {"autohet_config", "model", "workload", "pool", "strategy", "objective", "params", "executor_params",
+         "platform", "measured", "mlflow", "artifacts"}
 
 
 @dataclass
@@ -47,6 +48,7 @@ class RunConfig:
     measured: dict[str, Any] = field(default_factory=dict)
     mlflow: dict[str, Any] = field(default_factory=dict)
     artifacts: dict[str, Any] = field(default_factory=dict)
+    objective: str = "throughput"
 
     def to_dict(self) -> dict[str, Any]:
         pool = self.pool.to_dict()
@@ -57,6 +59,7 @@ class RunConfig:
             "workload": {"images": self.images, "seed": self.workload_seed, "npy": self.npy},
             "pool": pool,
             "strategy": self.strategy,
+            "objective": self.objective,
             "params": self.params,
             "executor_params": self.executor_params,
             "platform": self.platform,
@@ -111,4 +114,11 @@ def load_config(path: str | Path) -> RunConfig:
         npy=workload.get("npy"), executor_params=dict(raw.get("executor_params") or {}),
         platform=dict(raw.get("platform") or {}), measured=dict(raw.get("measured") or {}),
         mlflow=dict(raw.get("mlflow") or {}), artifacts=dict(raw.get("artifacts") or {}),
+        objective=_objective(raw.get("objective", "throughput"), file),
     )
+
+
+def _objective(value: Any, file: Path) -> str:
+    if value not in ("throughput", "latency"):
+        raise UserError(f"{file}: objective must be throughput or latency, got {value!r}")
+    return str(value)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from autohet.pool import Pool
     from autohet.strategies._driver import DriveResult
 
-__all__ = ["RunContext", "TOLERANCE", "run_strategy"]
+__all__ = ["RunContext", "TOLERANCE", "precision_of", "run_strategy"]
 
 # Allowed max |out - ref| relative to max |ref|, by the least precise executor's precision.
 TOLERANCE = {"fp32": 1e-3, "tf32": 5e-3, "fp16": 1e-2, "bf16": 5e-2}
@@ -89,7 +89,7 @@ class RunContext:
 
     def measurement(self, pool: Pool, strategy: str, params: dict[str, Any], result: DriveResult,
                     standalone: list[float]) -> Measurement:
-        precision = max((e.precision for e in pool.spec.executors), key=_ORDER.index)
+        precision = precision_of(pool)
         ok, diff, tol, problems = self.check(result.outputs, result.coverage, precision, pool.simulated)
         throughput = self.workload.images / result.wall_s if result.wall_s > 0 else 0.0
         limit = float(sum(standalone))
@@ -106,6 +106,11 @@ class RunContext:
             failures=result.failures + problems, simulated=pool.simulated,
             extra={"pool": pool.spec.to_dict()},
         )
+
+
+def precision_of(pool: Pool) -> str:
+    """The least precise executor precision of a pool: it sets the output check's tolerance."""
+    return max((e.precision for e in pool.spec.executors), key=_ORDER.index)
 
 
 def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: RunContext) -> Measurement:

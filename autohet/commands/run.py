@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", help="single, static, quick, chunk, hat, fifo, fast_split, ...")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy parameter (repeatable)")
     p.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
+    p.add_argument("--objective", choices=["throughput", "latency"],
+                   help="throughput (default) or batch-1 latency; a config brings its own")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", action="store_true", help="include the work-unit timeline in --json")
     p.set_defaults(func=main)
@@ -53,6 +55,7 @@ def _from_config(args: argparse.Namespace):
 
         check_local_devices(pool_spec)
     images = args.images if args.images_given else config.images
+    args.objective = args.objective or config.objective
     return config.model, pool_spec, config.strategy, config.params, images, config.workload_seed, config.npy
 
 
@@ -77,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     workload = make_workload(model, images, data_seed, npy or args.npy)
     pool = make_pool(pool_spec, args.address, args.in_process)
     try:
-        ctx = RunContext(model, workload, check_images=args.check_images)
+        ctx = RunContext(model, workload, check_images=args.check_images, objective=args.objective or "throughput")
         m = run_strategy(strategy, params, pool, ctx)
     finally:
         pool.shutdown()

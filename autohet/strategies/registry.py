@@ -26,6 +26,7 @@ STRATEGIES: dict[str, str] = {
     "hat": "autohet.strategies.data_parallel:HatScheduler",
     "fifo": "autohet.strategies.data_parallel:FifoScheduler",
     "fast_split": "autohet.strategies.data_parallel:FastSplitScheduler",
+    "placement": "autohet.strategies.placement:PlacementStrategy",
 }
 
 

@@ -91,7 +91,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return result
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
-                           executor_params=exec_params,
+                           executor_params=exec_params, objective=setup.objective,
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                      "efficiency": m.efficiency, "latency_ms": m.latency_ms,
                                      "output_ok": m.output_ok, "max_abs_diff": m.max_abs_diff,

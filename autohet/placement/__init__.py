@@ -1,0 +1,41 @@
+"""Block placement across devices (seed 001): greedy on the critical path, then correction rounds.
+
+Pure Python (no torch): build a ``Problem`` from block names, edges, per-(block, device) seconds,
+bytes per edge and a transfer function, then ``place(problem, measure=None, x=2)``.
+``problem_from_graph`` builds one from an ``autohet.partition.BlockGraph``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autohet.placement._model import Problem, TransferFn, linear_transfer, table_transfer
+from autohet.placement._search import (
+    PlacementResult,
+    critical_path,
+    decode,
+    encode,
+    greedy,
+    place,
+    search_space,
+)
+
+__all__ = [
+    "PlacementResult", "Problem", "TransferFn", "critical_path", "decode", "encode", "greedy",
+    "linear_transfer", "place", "problem_from_graph", "search_space", "table_transfer",
+]
+
+
+def problem_from_graph(graph: Any, devices: Sequence[str], times: Mapping[tuple[str, str], float],
+                       transfer: TransferFn | None = None, source_device: str | None = "cpu",
+                       sink_device: str | None = "cpu") -> Problem:
+    """A Problem from a BlockGraph (duck-typed: ``names``, ``edges``, ``edge_bytes()``, ``blocks``);
+    the model input starts on and the output returns to ``cpu`` by default."""
+    edge_bytes = dict(graph.edge_bytes())
+    for block in graph.blocks:
+        if graph.output_name in block.outputs:
+            edge_bytes[(block.name, "output")] = block.out_bytes
+    return Problem(blocks=graph.names, edges=list(graph.edges), devices=list(devices), times=times,
+                   edge_bytes=edge_bytes, transfer=transfer or linear_transfer(),
+                   source_device=source_device, sink_device=sink_device)
