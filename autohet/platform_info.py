@@ -5,20 +5,18 @@ from __future__ import annotations
 import os
 import platform
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-__all__ = ["fingerprint", "fingerprint_differences"]
+__all__ = ["cpu_model", "fingerprint", "fingerprint_differences"]
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's marketing name (Linux /proc/cpuinfo), else what the platform module reports."""
+    info = Path("/proc/cpuinfo")
+    text = info.read_text() if info.is_file() else ""
+    names = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")]
+    return names[0] if names else (platform.processor() or platform.machine())
 
 
 def _version(package: str) -> str | None:
@@ -35,7 +33,7 @@ def fingerprint() -> dict[str, Any]:
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "gpus": gpus,
         "machine": platform.machine(),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,12 +14,9 @@ __all__ = ["describe_machine", "emit"]
 def describe_machine() -> str:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from autohet.platform_info import cpu_model
+
+    cpu = cpu_model()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{cpu} x{os.cpu_count()} cores, {gpu}, torch {torch.__version__}"
 

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autohet.errors import UserError
 from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
 from autohet.params import validate_params
+from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["PoolSpec", "load_pool", "detect_executors", "POOL_VERSION"]
 
@@ -135,12 +134,7 @@ def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) ->
         where = str(file)
         if not file.is_file():
             raise UserError(f"pool file {file} not found; use actors/auto.yaml, actors/cpu2.yaml or your own")
-        try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            line = getattr(getattr(exc, "problem_mark", None), "line", None)
-            at = f" at line {line + 1}" if line is not None else ""
-            raise UserError(f"{file} is not valid YAML{at}; fix the syntax (see actors/cpu2.yaml)") from None
+        raw = read_yaml_mapping(file, "a pool file", "actors/cpu2.yaml")
         name = file.stem
     if not isinstance(raw, dict):
         raise UserError(f"{where}: a pool file is a mapping with 'executors:' or 'auto:'")

@@ -40,8 +40,10 @@ class DataParallelStrategy(Strategy):
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         self.check_pool(pool, params)
-        standalone = ctx.standalone(pool)
         result = drive(self, params, pool.dispatcher(), ctx.workload.images, ctx.on_event)
+        # the limit is measured right after the run, when nothing else competes for the devices
+        # (at a trial's start the previous trial's process and its logging may still be running)
+        standalone = ctx.standalone(pool)
         return ctx.measurement(pool, self.name, params, result, standalone)
 
 

@@ -126,6 +126,10 @@ class PlacementStrategy(Strategy):
             actor = ray.remote(PlacementJob).options(num_cpus=0, num_gpus=0, runtime_env=env).remote(threads)
             try:
                 out = ray.get(actor.run.remote(ctx.model, images, devices, params))
+            except ray.exceptions.RayTaskError as exc:
+                if isinstance(exc.cause, UserError):
+                    raise UserError(str(exc.cause)) from None  # the one-line message, not Ray's wrapper
+                raise
             finally:
                 ray.kill(actor)
         else:

@@ -11,7 +11,7 @@ from typing import Any
 
 from autohet.models import ModelSpec
 from autohet.pool import PoolSpec, RayPool, load_pool
-from autohet.workload import Workload
+from autohet.workload import Workload, WorkloadSpec
 
 __all__ = ["PoolManager", "regroup"]
 
@@ -28,10 +28,11 @@ def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
 class PoolManager:
     """Plain class (wrapped by ray.remote in the tuner): owns at most one live RayPool."""
 
-    def __init__(self, base: PoolSpec, model: ModelSpec, workload: Workload, prefix: str) -> None:
+    def __init__(self, base: PoolSpec, model: ModelSpec, workload: WorkloadSpec | Workload, prefix: str) -> None:
+        # built here from the (small) spec: a restarted manager needs nothing from the object store
+        self.workload = Workload.from_spec(workload) if isinstance(workload, WorkloadSpec) else workload
         self.base = base
         self.model = model
-        self.workload = workload
         self.prefix = prefix
         self.pool: RayPool | None = None
         self.key: tuple | None = None

@@ -6,9 +6,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autohet.errors import UserError
+from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["TuneSettings", "load_settings"]
 
@@ -61,12 +60,7 @@ def load_settings(path: str | None, overrides: dict[str, Any]) -> TuneSettings:
     if path and not file.is_file():
         raise UserError(f"tune conf {file} not found; use conf/default.yaml or your own copy of it")
     if file.is_file():
-        try:
-            raw = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError:
-            raise UserError(f"{file} is not valid YAML; fix its syntax (see conf/default.yaml)") from None
-        if not isinstance(raw, dict):
-            raise UserError(f"{file}: a tune conf is a mapping of settings")
+        raw = read_yaml_mapping(file, "a tune conf", "conf/default.yaml")
     known = {f.name for f in fields(TuneSettings)}
     unknown = sorted(set(raw) - known)
     if unknown:

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autohet.errors import UserError
 from autohet.executors.base import EXECUTOR_PARAMS
 from autohet.strategies import get_strategy, strategy_names
+from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["Dim", "SearchSpace", "load_search_space"]
 
@@ -76,18 +75,6 @@ def _dim(raw: Any, name: str, where: str) -> Dim:
         raise UserError(f"{where}: {name} (categorical) needs a non-empty choices list")
     return Dim(name, kind, raw.get("low"), raw.get("high"), bool(raw.get("log", False)), raw.get("step"),
                tuple(raw.get("choices") or ()))
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        line = getattr(getattr(exc, "problem_mark", None), "line", None)
-        at = f" at line {line + 1}" if line is not None else ""
-        raise UserError(f"{path} is not valid YAML{at}; fix its syntax") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path}: a search space file is a mapping (family/strategies or executors/pool)")
-    return raw
 
 
 @dataclass
@@ -162,7 +149,7 @@ def load_search_space(directory: str | Path = "search_spaces") -> SearchSpace:
     executors: dict[str, dict[str, Dim]] = {}
     pool: dict[str, Dim] = {}
     for path in sorted(folder.glob("*.yaml")):
-        raw = _read(path)
+        raw = read_yaml_mapping(path, "a search space file", "search_spaces/data_parallel.yaml")
         unknown = sorted(set(raw) - {"family", "strategies", "executors", "pool", "objective"})
         if unknown:
             raise UserError(f"{path}: unknown key {unknown[0]!r}; valid: family, strategies, executors, pool")

@@ -154,13 +154,14 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
 
     started = time.time()
     from autohet.commands._common import make_workload, resolve_pool
+    from autohet.models import input_shape
     from autohet.platform_info import fingerprint
     from autohet.ray_runtime import init_ray
     from autohet.run import RunContext
     from autohet.tuning.manager import PoolManager
     from autohet.tuning.tracking import TrialLogger, ensure_experiment, mlflow_client, trial_runs
     from autohet.tuning.trainable import TrialSetup, tune_entry
-    from autohet.workload import Workload
+    from autohet.workload import Workload, WorkloadSpec
 
     experiment = settings.experiment or model.name.replace(":", "_").replace("/", "_")
     exp_dir = (Path("runs") / experiment).resolve()
@@ -187,12 +188,13 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     logging.getLogger("ray.train").setLevel(logging.ERROR)
     pool_spec = resolve_pool(settings.pool, address)
-    bank = make_workload(model, settings.max_images if settings.images == "auto" else int(settings.images),
-                         data_seed, npy)
+    bank_images = settings.max_images if settings.images == "auto" else int(settings.images)
+    bank = make_workload(model, bank_images, data_seed, npy)
+    bank_spec = WorkloadSpec(bank_images, input_shape(model.name), data_seed, npy)
     manager_name = f"autohet-manager-{experiment}-{os.getpid()}"
     # restartable: if its worker crashes, Ray rebuilds it and the next trial re-creates the executors
-    manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0,
-                                              max_restarts=3).remote(pool_spec, model, bank, f"autohet-{experiment}")
+    manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
+    manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
     try:
         if resume:
             images = int(state["images"])
