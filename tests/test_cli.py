@@ -103,3 +103,11 @@ def test_done_when_command_through_ray(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["output_ok"] is True and 0 < out["efficiency"] <= 1.5
+
+
+def test_profile_reports_every_executor_at_every_batch(capsys):
+    code = main(["profile", "--model", "lenet", "--pool", "actors/cpu2.yaml", "--in-process", "--batches", "1,8",
+                 "--seconds", "0.05", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and [e["name"] for e in out["executors"]] == ["cpu0", "cpu1"]
+    assert all(set(e["ips_by_batch"]) == {"1", "8"} and min(e["ips_by_batch"].values()) > 0 for e in out["executors"])

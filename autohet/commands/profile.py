@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
     spec = resolve_pool(args.pool, args.address)
     workload = make_workload(model, max(batches) * 8)
     pool = make_pool(spec, args.address, args.in_process)
-    results: dict[str, dict[int, float]] = {name: {} for name in spec.executors and pool.names}
+    results: dict[str, dict[int, float]] = {name: {} for name in pool.names}
     try:
         pool.start(model, workload)
         for b in batches:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from autohet.commands._common import (
@@ -105,7 +104,3 @@ def report(m: Measurement) -> str:
     ]
     lines += [f"! {f}" for f in m.failures]
     return "\n".join(lines)
-
-
-def dumps(m: Measurement) -> str:
-    return json.dumps(m.to_dict())
