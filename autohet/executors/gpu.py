@@ -80,7 +80,12 @@ class GpuExecutor(Executor):
             self.run(0, min(2 * batch, workload.images))
 
     def _place_bank(self, workload: Workload) -> None:
-        """Copies the workload once into pinned host memory in the compute dtype."""
+        """Copies the workload once into pinned host memory in the compute dtype (kept across
+        reconfigurations that leave the workload and dtype as they were, e.g. a new batch size)."""
+        current = getattr(self, "bank", None)
+        if current is not None and current.dtype == self.dtype and getattr(self, "_bank_of", None) is workload.bank:
+            return
+        self._bank_of = workload.bank
         source = torch.from_numpy(np.asarray(workload.bank))
         self.bank = torch.empty(source.shape, dtype=self.dtype, pin_memory=True)
         self.bank.copy_(source)
