@@ -71,10 +71,16 @@ def test_gpu_executor_matches_cpu_reference(lenet_workload):
         ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=64, precision=precision,
                                         channels_last=True), ModelSpec("lenet"))
         ex.load(lenet_workload)
-        out = ex.run(10, 300).outputs
         with torch.inference_mode():
             ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(10, 300))).numpy()
+        out = ex.run(10, 300).outputs  # 4 full batches and a partial one, padded to 64
         assert np.max(np.abs(out - ref)) <= tol * np.max(np.abs(ref))
+        bank = ex.bank
+        ex.configure({"batch": 24})  # batch-only change: same pinned bank, new buffers
+        assert ex.bank is bank and ex.spec.batch == 24
+        out = ex.run(10, 300).outputs
+        assert np.max(np.abs(out - ref)) <= tol * np.max(np.abs(ref))
+        assert ex.standalone_ips(0.05, 200) > 0
 
 
 def test_gpu_partial_batches_run_at_a_few_padded_shapes():
