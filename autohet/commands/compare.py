@@ -19,11 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autohet.commands.export import _objective, experiment_runs
+    from autohet.tuning.tracking import experiment_runs, tune_objective
     from autohet.tuning.tuner import summarize
 
     client, _, runs = experiment_runs(args.experiment, args.tracking_uri)
-    objective = _objective(client, runs)
+    objective = tune_objective(client, runs)
     rows = summarize(runs, objective)
     if args.json:
         print(json.dumps({"experiment": args.experiment, "objective": objective, "strategies": rows}, default=str))

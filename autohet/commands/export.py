@@ -19,28 +19,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def experiment_runs(name: str, uri: str | None):
-    from autohet.tuning.tracking import mlflow_client, trial_runs
-
-    client = mlflow_client(uri)
-    found = client.get_experiment_by_name(name)
-    if found is None:
-        names = [e.name for e in client.search_experiments()]
-        raise UserError(f"no experiment {name!r} in the tracking store; known: {', '.join(names) or 'none'}")
-    return client, found, trial_runs(client, found.experiment_id)
-
-
 def main(args: argparse.Namespace) -> int:
+    from autohet.tuning.tracking import experiment_runs, tune_objective
     from autohet.tuning.tuner import export_run, summarize
 
-    client, exp, runs = experiment_runs(args.experiment, args.tracking_uri)
+    client, _, runs = experiment_runs(args.experiment, args.tracking_uri)
     if args.run_id:
         run_id = args.run_id
         if run_id not in {r.info.run_id for r in runs}:
             raise UserError(f"run {run_id} is not a trial of experiment {args.experiment}; see "
                             f"`autohet compare --experiment {args.experiment}`")
     else:
-        objective = _objective(client, runs)
+        objective = tune_objective(client, runs)
         valid = [r for r in summarize(runs, objective) if r["best"] is not None]
         if not valid:
             raise UserError(f"experiment {args.experiment} has no valid trial to export")
@@ -50,9 +40,3 @@ def main(args: argparse.Namespace) -> int:
     print(f"exported {config['strategy']} {config['params']} (run {run_id}) -> {out}")
     return 0
 
-
-def _objective(client, runs) -> str:
-    parent_id = runs[0].data.tags.get("mlflow.parentRunId") if runs else None
-    if parent_id:
-        return client.get_run(parent_id).data.params.get("objective", "throughput")
-    return "throughput"

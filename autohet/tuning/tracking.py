@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TrialLogger", "artifact_location", "default_tracking_uri", "ensure_experiment", "mlflow_client",
-           "trial_runs"]
+__all__ = ["TrialLogger", "artifact_location", "default_tracking_uri", "ensure_experiment", "experiment_runs",
+           "mlflow_client", "trial_runs", "tune_objective"]
 
 
 def default_tracking_uri() -> str:
@@ -47,6 +47,26 @@ def trial_runs(client: Any, experiment_id: str, parent_run_id: str | None = None
     if parent_run_id:
         query += f" and tags.mlflow.parentRunId = '{parent_run_id}'"
     return client.search_runs([experiment_id], filter_string=query, max_results=50000)
+
+
+def experiment_runs(name: str, uri: str | None) -> tuple[Any, Any, list[Any]]:
+    """(client, experiment, its trial runs); an unknown experiment lists the known ones."""
+    from autohet.errors import UserError
+
+    client = mlflow_client(uri)
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        names = [e.name for e in client.search_experiments()]
+        raise UserError(f"no experiment {name!r} in the tracking store; known: {', '.join(names) or 'none'}")
+    return client, found, trial_runs(client, found.experiment_id)
+
+
+def tune_objective(client: Any, runs: list[Any]) -> str:
+    """The objective the trials' tune optimised (recorded on the parent run)."""
+    parent_id = runs[0].data.tags.get("mlflow.parentRunId") if runs else None
+    if parent_id:
+        return client.get_run(parent_id).data.params.get("objective", "throughput")
+    return "throughput"
 
 
 class TrialLogger:

@@ -328,7 +328,7 @@ def export_run(client: Any, run_id: str, out: Path, platform: dict[str, Any] | N
         raise UserError(f"run {run_id} is not an autohet trial; pick a trial run id from `autohet compare`")
     try:
         local = download_artifacts(run_id=run_id, artifact_path="config.yaml",
-                                   tracking_uri=client._tracking_client.tracking_uri)
+                                   tracking_uri=client.tracking_uri)
     except Exception as exc:
         raise UserError(f"trial {run_id} has no config.yaml (it failed before running: "
                         f"{run.data.tags.get('error', 'no measurement')[:200]})") from exc
