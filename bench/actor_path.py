@@ -69,13 +69,15 @@ def in_process_ips(model_name: str, spec: ExecutorSpec, workload: Workload, imag
     return steps * batch / (time.perf_counter() - t0)
 
 
-def actor_ips(model: ModelSpec, spec: ExecutorSpec, workload: Workload, strategy: str, params: dict) -> float:
+def actor_ips(model: ModelSpec, spec: ExecutorSpec, workload: Workload, strategy: str,
+              params: dict) -> tuple[float, float]:
+    """Throughput through the actor, and its ratio to the executor's standalone figure (same run)."""
     pool = RayPool(PoolSpec("bench", [spec]))
     try:
         ctx = RunContext(model, workload, check_images=8, standalone_seconds=0.2)
         m = run_strategy(strategy, params, pool, ctx)
         assert m.output_ok, m.failures
-        return m.throughput_ips
+        return m.throughput_ips, m.efficiency
     finally:
         pool.shutdown()
 
@@ -105,15 +107,17 @@ def main() -> None:
         workload = Workload.from_spec(WorkloadSpec(images, shape))
         base = in_process_ips(name, spec, workload, images)
         unit = spec.batch * 8
-        single = actor_ips(model, spec, workload, "single", {})
-        fifo = actor_ips(model, spec, workload, "fifo", {"c": unit})
+        single, single_eff = actor_ips(model, spec, workload, "single", {})
+        fifo, _ = actor_ips(model, spec, workload, "fifo", {"c": unit})
         rows.append({"model": name, "precision": spec.precision, "batch": spec.batch, "images": images,
                      "in_process_ips": base, "actor_single_ips": single, f"actor_fifo{unit}_ips": fifo,
-                     "ratio_single": single / base, "ratio_fifo": fifo / base})
+                     "ratio_single": single / base, "ratio_fifo": fifo / base,
+                     "single_vs_standalone": single_eff})
         print(rows[-1], flush=True)
     unit_col = f"actor_fifo{spec.batch * 8}_ips"
     emit("actor path vs in-process", rows, ["model", "precision", "batch", "images", "in_process_ips",
-                                             "actor_single_ips", unit_col, "ratio_single", "ratio_fifo"], args.out)
+                                             "actor_single_ips", unit_col, "ratio_single", "ratio_fifo",
+                                             "single_vs_standalone"], args.out)
 
 
 if __name__ == "__main__":

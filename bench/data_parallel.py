@@ -20,12 +20,15 @@ from autohet.run import RunContext, run_strategy
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit
 
-# Sized for a GPU ~100-1000x faster than one CPU group: a CPU group must finish a probe, a round
-# share or a fifo chunk in well under a second, or it holds the whole run back.
+# Sized for a GPU ~100-1000x faster than one CPU group. The seed's rules count fixed sizes in images
+# (the same probe/chunk for every executor); `unit: batches` counts them in each executor's batches.
 GRIDS = {
-    "fast_split": [{"w_s": w, "r": r} for w in (8, 32) for r in (0.5, 0.8)],
-    "hat": [{"s": s} for s in (32, 128)],
-    "fifo": [{"c": c} for c in (16, 64)],
+    "fast_split": [{"w_s": 32, "r": 0.5},
+                   {"w_s": 1, "r": 0.5, "threshold": 1, "unit": "batches"},
+                   {"w_s": 1, "r": 0.9, "threshold": 64, "unit": "batches"},
+                   {"w_s": 2, "r": 0.8, "threshold": 1, "unit": "batches"}],
+    "hat": [{"s": 32}],
+    "fifo": [{"c": 64}, {"c": 4, "unit": "batches"}, {"c": 16, "unit": "batches"}],
 }
 
 
@@ -35,8 +38,8 @@ def main() -> None:
     parser.add_argument("--models", default="resnet18,vgg16,mobilenet_v2")
     parser.add_argument("--cpu-group-size", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0, help="target seconds per run")
-    parser.add_argument("--gpu-batches", default="256,512")
-    parser.add_argument("--precisions", default="fp16,bf16")
+    parser.add_argument("--gpu-batches", default="256")
+    parser.add_argument("--precisions", default="fp16")
     parser.add_argument("--cpu-batch", type=int, default=8)
     parser.add_argument("--out")
     args = parser.parse_args()

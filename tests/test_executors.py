@@ -90,3 +90,44 @@ def test_gpu_partial_batches_run_at_a_few_padded_shapes():
     assert shapes == {1, 2, 4, 8, 16, 32, 64, 128, 256}
     assert all(padded_batch(n, 256) >= n for n in range(1, 257))
     assert padded_batch(65, 100) == 100 and padded_batch(3, 100) == 4
+
+
+@pytest.mark.gpu
+def test_gpu_run_ahead_queues_the_announced_part_and_drops_a_wrong_guess(lenet_workload):
+    """The actor names the next part; it is queued before this part's outputs return."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=32, precision="fp32"), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(0, 600))).numpy()
+    tol = 1e-3 * np.max(np.abs(ref))
+    a = ex.run_ahead(0, 200, (200, 200))
+    assert (200, 200) in ex._ahead
+    b = ex.run_ahead(200, 200, (400, 100))  # found queued; announces a part that is never asked for
+    c = ex.run_ahead(450, 150, None)  # the wrong guess is dropped, this part launched fresh
+    assert not ex._ahead
+    assert np.max(np.abs(np.concatenate([a.outputs, b.outputs]) - ref[:400])) <= tol
+    assert np.max(np.abs(c.outputs - ref[450:600])) <= tol
+    assert min(a.compute_s, b.compute_s, c.compute_s) > 0
+    first, second = ex.launch(0, 64), ex.launch(64, 64)  # queued back to back, collected in order
+    x, y = ex.collect(first), ex.collect(second)
+    assert np.max(np.abs(np.concatenate([x.outputs, y.outputs]) - ref[:128])) <= tol
+
+
+def test_standalone_counts_every_unit_it_launched(lenet_workload):
+    """Standalone queues the next unit before collecting one; it must stop at max_images and count all."""
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    calls: list[tuple[int, int]] = []
+    real = ex.run
+
+    def counting(start: int, size: int):
+        calls.append((start, size))
+        return real(start, size)
+
+    ex.run = counting
+    ips = ex.standalone_ips(min_seconds=60.0, max_images=64)
+    assert ips > 0
+    assert calls[0] == (0, 16)  # untimed warm-up unit
+    assert [s for _, s in calls[1:]] == [16] * 4  # the 64-image cap, not the 60 s

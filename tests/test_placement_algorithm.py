@@ -123,8 +123,8 @@ def test_bad_inputs_raise_user_errors() -> None:
         Problem(["A"], [], DEVS, {})
     with pytest.raises(UserError, match="out of range"):
         decode([0, 5], ["A", "B"], DEVS)
-    with pytest.raises(UserError, match="at least 1"):
-        place(_myopic(), x=0)
+    with pytest.raises(UserError, match="at least 0"):
+        place(_myopic(), x=-1)
 
 
 def test_greedy_counts_returning_the_output_to_the_sink_device() -> None:

@@ -109,3 +109,31 @@ def test_large_units_run_as_parts_in_order_and_a_death_mid_unit_fails_the_whole_
         assert m.executors[1].images == 1000
     finally:
         pool.shutdown()
+
+
+def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local):
+    """A hopeless unit (100 images on a 10 img/s executor) is cut at the deadline; the replaced actor
+    answers the next run at once instead of after the abandoned 10 s of work."""
+    import time
+
+    from autohet.errors import RunTimeout
+
+    spec = PoolSpec("cut", [ExecutorSpec("fast", "sim", speed_ips=5000.0),
+                            ExecutorSpec("slow", "sim", speed_ips=10.0)])
+    workload = Workload.from_spec(WorkloadSpec(400, (1, 28, 28)))
+    pool = RayPool(spec, "cut-test")
+    try:
+        pool.start(ModelSpec("lenet"), workload)
+        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=1.0)
+        started = time.perf_counter()
+        with pytest.raises(RunTimeout, match="did not finish within 1 s.*still busy: slow") as info:
+            run_strategy("fifo", {"c": 100}, pool, ctx)
+        assert time.perf_counter() - started < 5.0
+        assert info.value.busy == [1]
+        old = pool.actors[1]
+        pool.replace(info.value.busy)
+        assert pool.actors[1] is not old
+        m = run_strategy("single", {"executor": 1}, pool, ctx.with_images(5))
+        assert m.output_ok and m.wall_s < 2.0  # 5 images at 10 img/s, not behind 10 s of old work
+    finally:
+        pool.shutdown()

@@ -149,3 +149,35 @@ def test_all_executors_dead_is_an_error():
 
     with pytest.raises(UserError, match="every executor died"):
         run("fifo", [1000.0, 1000.0], total=3000, die_at={0: 0.01, 1: 0.01})
+
+
+def run_batched(name: str, speeds, batches, total=10000, **params):
+    strategy = get_strategy(name)
+    checked = strategy.validate(params)
+    disp = VirtualClockDispatcher([f"e{i}" for i in range(len(speeds))], list(speeds))
+    return drive(strategy, checked, disp, total, batches=batches), checked
+
+
+@pytest.mark.parametrize(("name", "params"), [("fifo", {"c": 2}), ("quick", {"p": 2}),
+                                              ("fast_split", {"w_s": 2})])
+def test_unit_batches_sizes_fixed_work_in_each_executors_batches(name, params):
+    """unit=batches: the first fixed size is that many of each executor's own batches."""
+    result, _ = run_batched(name, [100.0, 10000.0], [8, 256], unit="batches", **params)
+    first = {u.executor: u.size for u in reversed(result.timeline)}
+    assert first == {"e0": 16, "e1": 512}
+    assert_exactly_once_in_order(result, 10000)
+    images, _ = run_batched(name, [100.0, 10000.0], [8, 256], **params)  # the seed's rule: images
+    assert {u.executor: u.size for u in reversed(images.timeline)} == {"e0": 2, "e1": 2}
+
+
+def test_a_deadline_cuts_the_run_and_names_the_busy_executors():
+    from autohet.errors import RunTimeout
+
+    strategy = get_strategy("static")
+    disp = VirtualClockDispatcher(["fast", "slow"], [1000.0, 1.0])
+    with pytest.raises(RunTimeout, match="static did not finish within 5 s") as info:
+        drive(strategy, strategy.validate({}), disp, 2000, deadline_s=5.0)
+    assert info.value.busy == [1]
+    result = drive(strategy, strategy.validate({}), VirtualClockDispatcher(["a", "b"], [1000.0, 1000.0]), 2000,
+                   deadline_s=5.0)
+    assert_exactly_once_in_order(result, 2000)

@@ -7,7 +7,7 @@ import pytest
 
 from autohet.errors import UserError
 from autohet.pool import load_pool
-from autohet.tuning.space import SearchSpace, load_search_space
+from autohet.tuning.space import SearchSpace, SpaceContext, load_search_space
 from autohet.tuning.tuner import DefineByRun, initial_points
 
 
@@ -25,7 +25,7 @@ def test_repo_spaces_cover_every_registered_data_parallel_strategy():
 def test_define_by_run_suggests_strategy_first_then_only_its_params():
     space = load_search_space("search_spaces")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    define = DefineByRun(space, pool_size=3, kinds={"cpu"}, pool_dims=True)
+    define = DefineByRun(space, SpaceContext(pool_size=3, kinds=frozenset({"cpu"}), pool_dims=True))
     seen = set()
     for _ in range(60):
         trial = study.ask()
@@ -38,12 +38,16 @@ def test_define_by_run_suggests_strategy_first_then_only_its_params():
         for name, dim in space.strategies[strategy].items():
             if dim.type == "weights":
                 expected |= {f"{strategy}.{name}_{i}" for i in range(3)}
+            elif dim.type == "block_devices":
+                continue  # one device (cpu only): the vector is all-CPU, nothing to suggest
             else:
                 expected.add(f"{strategy}.{name}")
         assert own == expected
         assert "exec.cpu.batch" in trial.params and "exec.gpu.batch" not in trial.params
         if strategy == "fast_split":
-            assert 8 <= trial.params["fast_split.w_s"] <= 2048 and 0.1 <= trial.params["fast_split.r"] <= 1.0
+            w_s, r = space.strategies["fast_split"]["w_s"], space.strategies["fast_split"]["r"]
+            assert w_s.low <= trial.params["fast_split.w_s"] <= w_s.high
+            assert r.low <= trial.params["fast_split.r"] <= r.high
         if strategy == "single":
             assert trial.params["single.executor"] in (0, 1, 2)
         if strategy == "static":

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +14,8 @@ import torch
 from autohet.backends import PlacedModel, TorchRunner, TvmRunner, make_runner, time_runner
 from autohet.errors import UserError
 from autohet.partition import partition
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -79,6 +85,34 @@ def test_tvm_cuda_block_matches_torch(tvm_dir: Path) -> None:
         assert (placed(full) - graph.run(full)).abs().max().item() < 1e-3
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_tvm_cuda_kernels_from_the_libnvrtc_fallback_run(tvm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback compiler (libnvrtc through ctypes, no headers) on a real GPU, whichever one
+    ensure_cuda would pick on this machine."""
+    from autohet.backends import _tvm
+
+    libs = _tvm._find_lib("libnvrtc")
+    if not libs:
+        pytest.skip("no libnvrtc found")
+    arch = _tvm.tvm_target("cuda")[0]["arch"]
+    before = os.environ.get("AUTOHET_TVM_CUDA_COMPILER")
+    monkeypatch.setenv("AUTOHET_TVM_CUDA_COMPILER", f"nvrtc:{libs[0]}")
+    monkeypatch.setattr(_tvm, "_APPLIED", {})
+    try:
+        graph = partition("lenet", batch=2)
+        block = graph.blocks[0]
+        x = block.example_inputs(seed=4)
+        runner = TvmRunner(block, "cuda", model="lenet", cache=False)
+        assert runner.cuda_compiler == f"nvrtc:{libs[0]}"
+        got = runner(*(t.cuda() for t in x))
+        assert (got.cpu() - block.module(*x).detach()).abs().max().item() < 1e-3
+    finally:
+        if before:  # the callback registration is process-wide: put back the one chosen before
+            _tvm._APPLIED.clear()
+            _tvm._apply_mode(before, arch)
+
+
 @pytest.mark.slow
 def test_metaschedule_tuning_in_a_child_process_fills_a_reused_database(tvm_dir: Path) -> None:
     from autohet.backends import tune_blocks
@@ -95,3 +129,95 @@ def test_metaschedule_tuning_in_a_child_process_fills_a_reused_database(tvm_dir:
     assert (runner(*x) - block.module(*x)).abs().max().item() < 1e-4
     again = tune_blocks([block], "lenet", "cpu", trials=2)
     assert again.skipped == [block.name] and not again.tuned
+
+
+@pytest.mark.slow
+def test_tune_session_budget_stops_the_search_and_serves_a_second_job(tvm_dir: Path) -> None:
+    from autohet.backends._tvm_tune import TuneSession
+
+    graph = partition("lenet", batch=1)
+    with TuneSession("cpu") as session:
+        # a budget already spent: the search proposes nothing, tune_tasks still ends cleanly
+        first = session.tune([graph.blocks[0]], "lenet", trials=64, budget_s=0.01, timeout_s=300)
+        assert first.timed_out and first.trials_done == 0 and first.tasks >= 1
+        second = session.tune([graph.blocks[2]], "lenet", trials=2, timeout_s=300)
+    assert not second.timed_out and second.trials_done == 2 and second.valid == 2
+    assert second.log == first.log  # one child served both jobs
+    done = json.loads((second.work_dir / "tuned.json").read_text())
+    assert graph.blocks[2].signature in done and graph.blocks[0].signature not in done  # a stopped job is not "done"
+
+
+@pytest.mark.slow
+def test_bench_tvm_gpu_smoke_tunes_and_times_lenet_on_the_cpu(tvm_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "smoke.json"
+    env = {**os.environ, "AUTOHET_TVM_DIR": str(tvm_dir), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run([sys.executable, "-m", "bench.tvm_gpu", "--smoke", "--out", str(out)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["complete"] and data["device"] == "cpu" and data["target"]["kind"] == "llvm"
+    (model,) = data["models"]
+    assert model["model"] == "lenet" and model["tuning"]["trials_done"] >= 1 and model["tuning"]["valid"] >= 1
+    assert [r["block"] for r in model["blocks"]] == partition("lenet").names
+    for row in model["blocks"]:
+        assert row["tvm"].startswith("tuned") and row["torch_ms"] > 0 and row["tvm_ms"] > 0
+        assert row["max_abs_diff"] < 1e-4 and 0 <= row["tasks_measured"] <= row["tasks"]
+    assert "features.0..features.1" in proc.stdout  # per-block lines are printed as they are measured
+
+
+def test_no_cuda_compiler_is_a_one_line_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from autohet.backends import _tvm
+
+    monkeypatch.delenv("AUTOHET_TVM_CUDA_COMPILER", raising=False)
+    monkeypatch.delenv("AUTOHET_NVRTC_LIB", raising=False)
+    monkeypatch.delenv("TVM_CUDA_COMPILE_MODE", raising=False)
+    monkeypatch.setattr(_tvm, "_APPLIED", {})
+    monkeypatch.setattr(_tvm, "_find_lib", lambda stem: [])
+    monkeypatch.setattr(_tvm, "_nvcc_dir", lambda: None)
+
+    def no_compiler() -> None:
+        raise RuntimeError("Cannot find CUDA path\nmore")
+
+    monkeypatch.setattr(_tvm, "_probe", no_compiler)
+    with pytest.raises(UserError) as err:
+        _tvm._ensure_cuda_compiler({"kind": "cuda", "arch": "sm_90"})
+    message = str(err.value)
+    assert "\n" not in message and "sm_90" in message and "Cannot find CUDA path" in message
+    assert "libnvrtc (not found)" in message and "nvidia-cuda-nvrtc" in message and "nvcc" in message
+    assert "AUTOHET_TVM_CUDA_COMPILER" not in os.environ
+
+
+def test_nvrtc_fallback_compiles_tvm_cuda_code_without_headers() -> None:
+    """TVM's generated CUDA C compiled by libnvrtc alone (skipped where no libnvrtc is installed)."""
+    import tvm
+
+    from autohet.backends import _tvm
+
+    libs = _tvm._find_lib("libnvrtc")
+    if not libs:
+        pytest.skip("no libnvrtc here (pip install nvidia-cuda-nvrtc)")
+    nvrtc = _tvm._Nvrtc(libs[0])
+    nvrtc.include_dirs = []  # the header-free stub only
+    sources = [_tvm._PROBE]
+    if not tvm.runtime.enabled("cuda"):  # without TVM's CUDA runtime the module keeps its CUDA source
+        block = partition("lenet", batch=1).blocks[0]
+        mod, _ = _tvm.to_relax(block, block.example_inputs())
+        lib = tvm.compile(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024}))
+        stack, sources = [lib.mod], []
+        while stack:
+            module = stack.pop()
+            stack += list(module.imports)
+            if module.kind == "cuda":
+                sources.append(module.inspect_source(""))
+        assert sources and "cuda/std/cstdint" in sources[0]
+    for source in sources:
+        assert nvrtc.compile(source, "sm_90")[:4] == b"\x7fELF"
+
+
+def test_partial_database_lines_are_dropped(tmp_path: Path) -> None:
+    from autohet.backends._tvm_tune import _count_lines, _repair_jsonl
+
+    path = tmp_path / "database_tuning_record.json"
+    path.write_bytes(b'[0, [1, 2]]\n[1, [3, 4]]\n[2, [5,')
+    _repair_jsonl(path)
+    assert path.read_bytes() == b'[0, [1, 2]]\n[1, [3, 4]]\n' and _count_lines(path) == 2

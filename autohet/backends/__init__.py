@@ -2,7 +2,8 @@
 
 ``make_runner(graph, block, device, backend)`` gives a callable on torch tensors;
 ``PlacedModel(graph, assignment)`` runs a whole model with blocks on several devices;
-``tune_blocks`` tunes blocks with MetaSchedule in a child process (tvm imported lazily).
+``tune_blocks`` tunes blocks with MetaSchedule in a child process, ``TuneSession`` keeps that process for
+several jobs (tvm imported lazily).
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from autohet.backends._torch import TorchRunner
 
 __all__ = [
     "BACKENDS", "BlockRunner", "PlacedModel", "PlacementMeasure", "TorchRunner", "TvmRunner", "TuneResult",
-    "make_runner", "measure_blocks", "measure_links", "parse_device", "parse_dtype", "time_runner",
+    "TuneSession", "make_runner", "measure_blocks", "measure_links", "parse_device", "parse_dtype", "time_runner",
     "tune_blocks", "tvm_target",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """TvmRunner, tune_blocks, TuneResult and tvm_target load tvm-side modules only when asked for."""
+    """TvmRunner, tune_blocks, TuneSession, TuneResult and tvm_target load tvm-side modules only when asked for."""
     if name == "TvmRunner":
         from autohet.backends._tvm import TvmRunner
 
@@ -35,7 +36,7 @@ def __getattr__(name: str) -> object:
         from autohet.backends._tvm import tvm_target
 
         return tvm_target
-    if name in ("tune_blocks", "TuneResult"):
+    if name in ("tune_blocks", "TuneResult", "TuneSession"):
         from autohet.backends import _tvm_tune
 
         return getattr(_tvm_tune, name)

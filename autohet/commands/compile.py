@@ -26,7 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--blocks", default="all", help="'all' or comma-separated block names or indices")
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--retune", action="store_true", help="tune blocks again even if already tuned")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds before tuning is stopped")
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds before the tuning process is killed (an error unless --budget is given)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds of tuning after which no new candidates are tried; what was measured "
+                             "by then is kept and used (default: no limit but --trials and --timeout)")
     parser.add_argument("--runs", type=int, default=10, help="timed runs per block after warm-up")
     parser.set_defaults(func=handler)
     return parser
@@ -55,15 +59,23 @@ def handler(args: argparse.Namespace) -> int:
         raise UserError(f"--trials must be 0 or more, got {args.trials}")
     if args.runs < 1:
         raise UserError(f"--runs must be at least 1, got {args.runs}")
+    if args.budget is not None and args.budget <= 0:
+        raise UserError(f"--budget must be positive, got {args.budget}")
     device = str(parse_device(args.target))
     graph = partition(args.model, batch=args.batch)
     blocks = _select(graph, args.blocks)
     if args.trials > 0:
+        timeout = args.timeout if args.budget is None else max(args.timeout, args.budget + 120.0)
         result = tune_blocks(blocks, graph.model, device, args.trials, retune=args.retune,
-                             timeout_s=args.timeout)
+                             timeout_s=timeout, budget_s=args.budget)
         if result.tuned:
-            print(f"tuned {len(result.tuned)} block(s), {result.tasks} task(s), {args.trials} trials "
-                  f"in {result.seconds:.0f} s; database {result.work_dir} ({result.records} records)")
+            stop = " (stopped by --budget)" if result.timed_out else ""
+            print(f"tuned {len(result.tuned)} block(s), {result.tasks} task(s), {result.trials_done} of "
+                  f"{args.trials} trials ({result.valid} built and ran) in {result.seconds:.0f} s{stop}; "
+                  f"database {result.work_dir} ({result.records} records)", flush=True)
+            if result.trials_done and not result.valid:
+                first = result.first_error.strip().splitlines()[-1:] or [""]
+                print(f"warning: no candidate built and ran; first error: {first[0][:300]} (log: {result.log})")
         if result.skipped:
             print(f"already tuned, skipped: {', '.join(result.skipped)} (--retune to tune again)")
     print(f"mean (median) ms of {args.runs} runs after 3 warm-up runs, batch {args.batch}, {device}")
@@ -77,7 +89,7 @@ def handler(args: argparse.Namespace) -> int:
         ms_torch, ms_tvm = 1e3 * sum(t_torch) / len(t_torch), 1e3 * sum(t_tvm) / len(t_tvm)
         state = ("tuned" if tvm_runner.tuned else "untuned") + (", cached" if tvm_runner.from_cache else "")
         print(f"{block.name:<28} {_fmt(ms_torch, t_torch)} {_fmt(ms_tvm, t_tvm)} {ms_tvm / ms_torch:>10.2f}  "
-              f"{state}")
+              f"{state}", flush=True)
     return 0
 
 

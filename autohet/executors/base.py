@@ -111,6 +111,18 @@ class Executor(ABC):
     def run(self, start: int, size: int) -> UnitResult:
         """Runs images [start, start + size) and returns their outputs in order."""
 
+    def launch(self, start: int, size: int) -> Any:
+        """Starts a unit and returns a handle for ``collect``; synchronous executors just run it."""
+        return self.run(start, size)
+
+    def collect(self, handle: Any) -> UnitResult:
+        """Waits for a unit started by ``launch``."""
+        return handle
+
+    def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
+        """Runs a unit, told which one comes next (asynchronous executors queue it before waiting)."""
+        return self.run(start, size)
+
     def configure(self, params: dict[str, Any]) -> None:
         """Applies batch/precision/channels_last for the next runs (rebuilds what it must)."""
         new = self.spec.with_params(params)
@@ -127,13 +139,19 @@ class Executor(ABC):
         """
         assert self.workload is not None, "load() first"
         unit = max(1, min(self.standalone_unit(), max_images or self.standalone_unit()))
-        self.run(0, unit)  # untimed: the first call at a new shape pays one-off costs
-        done, elapsed = 0, 0.0
+        self.collect(self.launch(0, unit))  # untimed: the first call at a new shape pays one-off costs
+        done, launched, elapsed = 0, unit, 0.0
         start = time.perf_counter()
-        while done == 0 or (elapsed < min_seconds and (max_images is None or done < max_images)):
-            self.run(done % self.workload.images, unit)
+        pending = self.launch(0, unit)
+        while pending is not None:
+            # the next unit is queued before this one is collected, as two calls in flight on an actor
+            more = elapsed < min_seconds and (max_images is None or launched < max_images)
+            following = self.launch(launched % self.workload.images, unit) if more else None
+            launched += unit if more else 0
+            self.collect(pending)
             done += unit
             elapsed = time.perf_counter() - start
+            pending = following
         return done / elapsed
 
     def standalone_unit(self) -> int:

@@ -19,11 +19,12 @@ from autohet.placement._search import (
     greedy,
     place,
     search_space,
+    valid_indices,
 )
 
 __all__ = [
     "PlacementResult", "Problem", "TransferFn", "critical_path", "decode", "encode", "greedy",
-    "linear_transfer", "place", "problem_from_graph", "search_space", "table_transfer",
+    "linear_transfer", "place", "problem_from_graph", "search_space", "table_transfer", "valid_indices",
 ]
 
 

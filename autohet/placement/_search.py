@@ -9,7 +9,8 @@ end-to-end time of what is placed so far (it may delay a path block).
 Correction: each round tries every block on every other device and keeps a move when the
 end-to-end time drops - measured when a ``measure`` callable is given (the seed corrects by
 measured time, which sees contention the model cannot), modelled otherwise; stop after ``x``
-consecutive rounds without gain.
+consecutive rounds without gain. A given ``start`` assignment (a tuner's vector) replaces the greedy
+step, so a search can start where greedy would not; ``x=0`` skips correction (measure as given).
 """
 
 from __future__ import annotations
@@ -21,12 +22,17 @@ from typing import Any
 from autohet.errors import UserError
 from autohet.placement._model import Problem
 
-__all__ = ["PlacementResult", "critical_path", "decode", "encode", "greedy", "place", "search_space"]
+__all__ = ["PlacementResult", "critical_path", "decode", "encode", "greedy", "place", "search_space",
+           "valid_indices"]
 
 
 @dataclass
 class PlacementResult:
-    """The chosen assignment and its time (measured if a measure was given), with how it was found."""
+    """The chosen assignment and its time (measured if a measure was given), with how it was found.
+
+    ``greedy``/``greedy_s`` are the starting assignment and its time: greedy's, or the given one
+    when ``start`` is ``"given"``.
+    """
 
     assignment: dict[str, str]
     time_s: float
@@ -37,12 +43,13 @@ class PlacementResult:
     path: list[str]
     rounds: int
     history: list[dict[str, Any]] = field(default_factory=list)
+    start: str = "greedy"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "assignment": self.assignment, "time_s": self.time_s, "modelled_s": self.modelled_s,
             "measured": self.measured, "greedy": self.greedy, "greedy_s": self.greedy_s,
-            "critical_path": self.path, "rounds": self.rounds, "history": self.history,
+            "critical_path": self.path, "rounds": self.rounds, "history": self.history, "start": self.start,
         }
 
 
@@ -103,16 +110,22 @@ def place(problem: Problem, measure: Callable[[dict[str, str]], float] | None = 
 
     ``measure(assignment) -> seconds`` runs the placed model; without it the modelled time is
     used. A move is kept when it lowers the time by more than ``min_gain`` (a fraction, to ignore
-    measurement noise). ``start`` replaces the greedy assignment as the starting point.
+    measurement noise). ``start`` replaces the greedy step as the starting point (greedy is then
+    not computed); ``x=0`` runs no correction round, so the start is only evaluated.
     """
-    if x < 1:
-        raise UserError(f"x (rounds without gain before stopping) must be at least 1, got {x}")
+    if x < 0:
+        raise UserError(f"x (rounds without gain before stopping) must be at least 0, got {x}")
     path = critical_path(problem)
-    first = greedy(problem, path)
-    if start is not None:
+    if start is None:
+        first = greedy(problem, path)
+    else:
         missing = [b for b in problem.blocks if b not in start]
         if missing:
             raise UserError(f"start assignment has no device for block {missing[0]!r}")
+        bad = [b for b in problem.blocks if start[b] not in problem.allowed(b)]
+        if bad:
+            raise UserError(f"start assignment puts block {bad[0]!r} on {start[bad[0]]!r}; valid: "
+                            f"{', '.join(problem.allowed(bad[0]))}")
         first = {b: start[b] for b in problem.blocks}
     cache: dict[tuple[str, ...], float] = {}
 
@@ -148,6 +161,7 @@ def place(problem: Problem, measure: Callable[[dict[str, str]], float] | None = 
     return PlacementResult(
         assignment=current, time_s=best, modelled_s=problem.makespan(current), measured=measure is not None,
         greedy=first, greedy_s=first_s, path=path, rounds=rounds, history=history,
+        start="greedy" if start is None else "given",
     )
 
 
@@ -163,14 +177,21 @@ def encode(assignment: Mapping[str, str], blocks: Sequence[str], devices: Sequen
     return out
 
 
+def valid_indices(devices: Sequence[str]) -> str:
+    """``0 (cpu), 1 (cuda:0)``: the device indices a placement vector may hold, for error messages."""
+    return ", ".join(f"{i} ({d})" for i, d in enumerate(devices))
+
+
 def decode(vector: Sequence[int], blocks: Sequence[str], devices: Sequence[str]) -> dict[str, str]:
-    """Inverse of ``encode``."""
+    """Inverse of ``encode``; a wrong length or index is a one-line error naming what is valid."""
     if len(vector) != len(blocks):
-        raise UserError(f"placement vector has {len(vector)} entries for {len(blocks)} blocks")
+        names = ", ".join(blocks[:12]) + (f", ... ({len(blocks) - 12} more)" if len(blocks) > 12 else "")
+        raise UserError(f"placement vector has {len(vector)} entries; expected {len(blocks)}, one device index "
+                        f"per block in order: {names}")
     out = {}
     for b, i in zip(blocks, vector, strict=True):
         if not 0 <= int(i) < len(devices):
-            raise UserError(f"device index {i} for block {b} is out of range 0..{len(devices) - 1}")
+            raise UserError(f"device index {i} for block {b} is out of range; valid: {valid_indices(devices)}")
         out[b] = devices[int(i)]
     return out
 

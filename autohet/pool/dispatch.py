@@ -11,6 +11,7 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ class Completion:
     compute_s: float
     outputs: np.ndarray | None = None
     error: str | None = None
+    delivered: bool = False  # outputs already handed to the dispatcher's sink, part by part
 
     @property
     def ok(self) -> bool:
@@ -44,6 +46,9 @@ class Dispatcher(ABC):
     def __init__(self, names: list[str]) -> None:
         self.names = list(names)
         self.busy: dict[int, tuple[int, int, float]] = {}  # executor -> (start, size, submitted)
+        # where outputs go as soon as a piece arrives (set by the driver); dispatchers that split
+        # units use it so a unit's outputs are placed while the executor still runs its later parts
+        self.sink: Callable[[int, np.ndarray], None] | None = None
 
     @abstractmethod
     def now(self) -> float: ...
@@ -52,7 +57,8 @@ class Dispatcher(ABC):
     def _submit(self, executor: int, start: int, size: int) -> None: ...
 
     @abstractmethod
-    def _wait_any(self) -> Completion: ...
+    def _wait_any(self, timeout: float | None = None) -> Completion | None:
+        """The next completion, or None when ``timeout`` seconds pass first."""
 
     def submit(self, executor: int, start: int, size: int) -> None:
         if executor in self.busy:
@@ -60,11 +66,12 @@ class Dispatcher(ABC):
         self.busy[executor] = (start, size, self.now())
         self._submit(executor, start, size)
 
-    def wait_any(self) -> Completion:
+    def wait_any(self, timeout: float | None = None) -> Completion | None:
         if not self.busy:
             raise RuntimeError("wait_any with nothing in flight")
-        done = self._wait_any()
-        self.busy.pop(done.executor, None)
+        done = self._wait_any(timeout)
+        if done is not None:
+            self.busy.pop(done.executor, None)
         return done
 
     def close(self) -> None:  # noqa: B027
@@ -98,7 +105,10 @@ class VirtualClockDispatcher(Dispatcher):
         self._seq += 1
         heapq.heappush(self.events, (finish, self._seq, executor, start, size))
 
-    def _wait_any(self) -> Completion:
+    def _wait_any(self, timeout: float | None = None) -> Completion | None:
+        if timeout is not None and self.events and self.events[0][0] - self.clock > timeout:
+            self.clock += timeout
+            return None
         finish, _, executor, start, size = heapq.heappop(self.events)
         submitted = self.busy[executor][2]
         self.clock = finish
@@ -135,5 +145,8 @@ class LocalDispatcher(Dispatcher):
 
         threading.Thread(target=work, daemon=True, name=f"autohet-{self.names[executor]}").start()
 
-    def _wait_any(self) -> Completion:
-        return self.results.get()
+    def _wait_any(self, timeout: float | None = None) -> Completion | None:
+        try:
+            return self.results.get(timeout=timeout)
+        except queue.Empty:  # the unit's thread keeps running: in-process work cannot be cancelled
+            return None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -160,6 +161,26 @@ class RayPool(Pool):
         if self.actors:
             ray.get([a.configure.remote(s.executor_params())
                      for a, s in zip(self.actors, self.spec.executors, strict=True)])
+
+    def replace(self, indices: list[int]) -> None:
+        """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh
+        ones with the same spec, workload and params."""
+        import ray
+
+        from autohet.pool.ray_pool import ExecutorActor, actor_options
+
+        self.replaced = getattr(self, "replaced", 0) + 1
+        remote_cls = ray.remote(ExecutorActor)
+        fresh = {}
+        for i in indices:
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(self.actors[i], no_restart=True)
+            spec = self.spec.executors[i]
+            name = f"{self.name_prefix}-{spec.name}-r{self.replaced}" if self.name_prefix else None
+            fresh[i] = remote_cls.options(**actor_options(spec, name)).remote(spec, self.started_for[0])
+        ray.get([fresh[i].load.remote(self.workload_ref) for i in fresh])
+        for i, actor in fresh.items():
+            self.actors[i] = actor
 
     def kill(self, index: int) -> None:
         """Kills one executor's actor (fault tests and operators' drills)."""

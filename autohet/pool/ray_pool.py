@@ -30,8 +30,8 @@ class ExecutorActor:
         self.executor.configure(params)
         return self.executor.describe()
 
-    def run(self, start: int, size: int) -> tuple[Any, float]:
-        result = self.executor.run(start, size)
+    def run(self, start: int, size: int, following: tuple[int, int] | None = None) -> tuple[Any, float]:
+        result = self.executor.run_ahead(start, size, following)
         return result.outputs, result.compute_s
 
     def standalone_ips(self, min_seconds: float, max_images: int | None = None) -> float:
@@ -107,8 +107,9 @@ class RayDispatcher(Dispatcher):
     """Work units as actor calls; an actor that dies turns its unit into a failed Completion.
 
     A unit larger than its executor's ``max_unit_images`` is split into parts and up to ``depth``
-    parts stay queued on the actor, so the device starts the next part the moment one returns
-    (no driver round trip in between) and no single call moves a huge output array.
+    parts stay queued on the actor, and each call names the part after it, so a GPU queues that
+    part before returning this one's outputs (no idle device between parts, no driver round trip)
+    and no single call moves a huge output array.
     """
 
     def __init__(self, names: list[str], actors: list[Any], max_unit: list[int] | None = None,
@@ -128,7 +129,8 @@ class RayDispatcher(Dispatcher):
     def _launch(self, unit: _Unit) -> None:
         while unit.launched < len(unit.parts) and unit.launched - unit.done < self.depth:
             start, size = unit.parts[unit.launched]
-            self.refs[self.actors[unit.executor].run.remote(start, size)] = (unit, unit.launched)
+            following = unit.parts[unit.launched + 1] if unit.launched + 1 < len(unit.parts) else None
+            self.refs[self.actors[unit.executor].run.remote(start, size, following)] = (unit, unit.launched)
             unit.launched += 1
 
     def _submit(self, executor: int, start: int, size: int) -> None:
@@ -138,12 +140,16 @@ class RayDispatcher(Dispatcher):
         self.units[executor] = unit
         self._launch(unit)
 
-    def _wait_any(self) -> Completion:
+    def _wait_any(self, timeout: float | None = None) -> Completion | None:
         import numpy as np
         import ray
 
+        deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
-            ready, _ = ray.wait(list(self.refs) + list(self.stale), num_returns=1)
+            left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+            ready, _ = ray.wait(list(self.refs) + list(self.stale), num_returns=1, timeout=left)
+            if not ready:
+                return None
             ref = ready[0]
             if ref in self.stale:
                 self.stale.discard(ref)
@@ -162,9 +168,15 @@ class RayDispatcher(Dispatcher):
                                   error=f"{type(exc).__name__}: {text[:200]}")
             unit.done += 1
             unit.compute_s += compute_s
-            unit.outputs[index] = outputs
+            if self.sink is not None:  # placed now, while the actor runs the unit's next parts
+                self.sink(unit.parts[index][0], outputs)
+            else:
+                unit.outputs[index] = outputs
             if unit.done == len(unit.parts):
                 self.units.pop(unit.executor, None)
+                if self.sink is not None:
+                    return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(),
+                                      unit.compute_s, delivered=True)
                 parts = [unit.outputs[i] for i in range(len(unit.parts))]
                 joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), unit.compute_s,

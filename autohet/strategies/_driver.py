@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.errors import RunTimeout, UserError
 from autohet.measurement import WorkUnit
 from autohet.pool.dispatch import Completion, Dispatcher
 
@@ -52,6 +52,7 @@ class SchedState:
     alive: list[bool]
     speeds: list[float | None]
     completed_units: list[int]
+    batches: list[int] = field(default_factory=list)  # each executor's batch size
     now: float = 0.0
     round_index: int = 0
     round_start: float = 0.0
@@ -64,6 +65,14 @@ class SchedState:
         known = [s for s in self.speeds if s]
         fallback = sum(known) / len(known) if known else 1.0
         return [self.speeds[i] or fallback for i in executors]
+
+    def fixed_size(self, executor: int, size: int, unit: str) -> int:
+        """A scheduler's fixed size (a probe, a chunk) for one executor: ``size`` images (the seed's
+        rule) or, with ``unit`` batches, ``size`` of that executor's batches, so devices hundreds of
+        times apart in speed each get work of a similar duration."""
+        if unit == "batches":
+            return size * (self.batches[executor] if executor < len(self.batches) else 1)
+        return size
 
 
 @dataclass
@@ -79,10 +88,12 @@ class DriveResult:
 
 
 def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Dispatcher, total: int,
-          on_event: Callable[[Completion], None] | None = None) -> DriveResult:
-    """Runs ``total`` images through the dispatcher under the strategy's rule."""
+          on_event: Callable[[Completion], None] | None = None, batches: list[int] | None = None,
+          deadline_s: float | None = None) -> DriveResult:
+    """Runs ``total`` images through the dispatcher under the strategy's rule; raises RunTimeout
+    when ``deadline_s`` passes first (the busy executors are named so their actors can be replaced)."""
     n = len(dispatcher.names)
-    st = SchedState(total, n, total, [True] * n, [None] * n, [0] * n)
+    st = SchedState(total, n, total, [True] * n, [None] * n, [0] * n, list(batches or [1] * n))
     strategy.begin(st, params)
     cursor = 0
     requeue: deque[tuple[int, int]] = deque()
@@ -93,6 +104,13 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
     failures: list[str] = []
     images = [0] * n
     busy = [0.0] * n
+    def place(start: int, rows: np.ndarray) -> None:
+        nonlocal outputs
+        if outputs is None:
+            outputs = np.zeros((total, *rows.shape[1:]), dtype=np.float32)
+        outputs[start : start + len(rows)] = rows
+
+    dispatcher.sink = place
     t0 = dispatcher.now()
     while True:
         st.now = dispatcher.now() - t0
@@ -126,7 +144,14 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
             if not any(st.alive):
                 raise UserError("every executor died before the work was done: " + "; ".join(failures))
             raise RuntimeError(f"{strategy.name} assigned no work with {st.remaining} images left")
-        done = dispatcher.wait_any()
+        left = None if deadline_s is None else deadline_s - (dispatcher.now() - t0)
+        done = dispatcher.wait_any(max(0.0, left)) if left is not None else dispatcher.wait_any()
+        if done is None:
+            busy = sorted(dispatcher.busy)
+            dispatcher.close()
+            raise RunTimeout(f"{strategy.name} did not finish within {deadline_s:.0f} s ({int(coverage.sum())} of "
+                             f"{total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
+                             "raise trial_timeout_s or narrow the search space", busy)
         i = done.executor
         idle.add(i)
         st.now = done.done_s - t0
@@ -138,10 +163,9 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
             failures.append(f"executor {dispatcher.names[i]} died running images "
                             f"{done.start}..{done.start + done.size - 1} ({done.error}); re-dispatched")
         else:
-            assert done.outputs is not None
-            if outputs is None:
-                outputs = np.zeros((total, *done.outputs.shape[1:]), dtype=np.float32)
-            outputs[done.start : done.start + done.size] = done.outputs
+            if not done.delivered:
+                assert done.outputs is not None
+                place(done.start, done.outputs)
             coverage[done.start : done.start + done.size] += 1
             images[i] += done.size
             busy[i] += done.compute_s

@@ -24,6 +24,11 @@ __all__ = ["ChunkScheduler", "DataParallelStrategy", "FastSplitScheduler", "Fifo
 
 Plan = list[tuple[int, int]]
 
+# Opt-in variant of the seed's fixed sizes (probe, chunk): counted in images, as the seed says, or in
+# batches of the executor that runs them (a GPU ~1000x faster than a CPU group then gets its own size).
+UNIT = Param("unit", "choice", "images", choices=("images", "batches"),
+             help="fixed sizes count images (the seed's rule) or batches of each executor")
+
 
 class DataParallelStrategy(Strategy):
     """Base of the family: ``assign`` sizes work for idle executors; ``barrier`` waits for all."""
@@ -40,7 +45,8 @@ class DataParallelStrategy(Strategy):
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         self.check_pool(pool, params)
-        result = drive(self, params, pool.dispatcher(), ctx.workload.images, ctx.on_event)
+        result = drive(self, params, pool.dispatcher(), ctx.workload.images, ctx.on_event,
+                       [e.batch for e in pool.spec.executors], ctx.deadline_s)
         # the limit is measured right after the run, when nothing else competes for the devices
         # (at a trial's start the previous trial's process and its logging may still be running)
         standalone = ctx.standalone(pool)
@@ -96,11 +102,11 @@ class QuickScheduler(DataParallelStrategy):
 
     name = "quick"
     barrier = True
-    params = {"p": Param("p", "int", 64, 1, 100000, help="probe images per executor")}
+    params = {"p": Param("p", "int", 64, 1, 100000, help="probe size per executor"), "unit": UNIT}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         if state.round_index == 1:
-            return [(i, params["p"]) for i in idle]
+            return [(i, state.fixed_size(i, params["p"], params["unit"])) for i in idle]
         shares = split_by_weights(state.remaining, state.speed_weights(idle))
         return list(zip(idle, shares, strict=True))
 
@@ -152,10 +158,10 @@ class FifoScheduler(DataParallelStrategy):
     """Fixed chunks of c images to whichever executor is idle; no barrier."""
 
     name = "fifo"
-    params = {"c": Param("c", "int", 128, 1, 1000000, help="images per chunk")}
+    params = {"c": Param("c", "int", 128, 1, 1000000, help="chunk size"), "unit": UNIT}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
-        return [(i, params["c"]) for i in idle]
+        return [(i, state.fixed_size(i, params["c"], params["unit"])) for i in idle]
 
 
 class FastSplitScheduler(DataParallelStrategy):
@@ -167,6 +173,7 @@ class FastSplitScheduler(DataParallelStrategy):
         "w_s": Param("w_s", "int", 64, 1, 1000000, help="probe chunk"),
         "r": Param("r", "float", 0.5, 0.01, 1.0, help="fraction of the remaining work for the fastest"),
         "threshold": Param("threshold", "int", 100, 1, 1000000, help="below it, the rest goes at once"),
+        "unit": UNIT,
     }
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
@@ -179,7 +186,7 @@ class FastSplitScheduler(DataParallelStrategy):
             if remaining <= 0:
                 break
             if probing or not state.speeds[i] or fastest <= 0:
-                size = min(params["w_s"], remaining)
+                size = min(state.fixed_size(i, params["w_s"], params["unit"]), remaining)
             elif remaining < params["threshold"]:
                 size = remaining
             else:

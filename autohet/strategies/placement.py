@@ -3,7 +3,10 @@
 The model is cut into blocks (``autohet.partition``); every block is timed on every device (mean of
 ``runs`` after warm-up); blocks are placed greedily along the critical path, then correction rounds
 move a block when the measured end-to-end latency drops, stopping after ``x`` rounds without gain
-(``autohet.placement``). The placed model then serves batch-1 requests, timed one by one, next to
+(``autohet.placement``). With ``start=given`` the greedy step is skipped: ``assignment`` (one device
+index per block, in ``partition(model, batch=1).blocks`` order, into ``["cpu", "cuda:0"]``) is the
+starting point, so a tuner can search placements greedy would never reach; ``x=0`` measures it as
+given. The placed model then serves batch-1 requests, timed one by one, next to
 the whole model on each device with the same backend: baselines measured in the same run.
 
 The job runs in one process that owns the devices and the pool's CPU cores: a Ray actor when the
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from autohet.pool import Pool
     from autohet.run import RunContext
 
-__all__ = ["PlacementJob", "PlacementStrategy"]
+__all__ = ["PlacementJob", "PlacementStrategy", "check_vector", "devices_of", "start_assignment"]
 
 
 def _latencies(fn: Any, images: np.ndarray, warmup: int = 3) -> tuple[list[float], np.ndarray]:
@@ -59,6 +62,43 @@ def _require_tuned(model: str, devices: list[str]) -> None:
                             f"--backend tvm --target {target} --trials N` first, or use backend torch")
 
 
+def devices_of(pool: Pool) -> list[str]:
+    """The devices a placement vector indexes: the CPU, then ``cuda:0`` when the pool has a GPU executor."""
+    return ["cpu"] + sorted({"cuda:0" for e in pool.spec.executors if e.kind == "gpu"})
+
+
+def check_vector(params: dict[str, Any], devices: list[str]) -> None:
+    """What can be checked without partitioning the model (the length is checked in the job)."""
+    from autohet.placement import valid_indices
+
+    vector = params.get("assignment")
+    if params.get("start", "greedy") != "given":
+        if vector is not None:
+            raise UserError("placement: assignment is only used with start=given; add --set start=given")
+        return
+    if vector is None:
+        if len(devices) > 1:
+            raise UserError(f"placement: start=given needs assignment, one device index per block "
+                            f"(valid: {valid_indices(devices)})")
+        return  # one device: the only vector is all-CPU (the tuner suggests none then)
+    bad = [i for i in vector if not 0 <= int(i) < len(devices)]
+    if bad:
+        raise UserError(f"placement: assignment has device index {bad[0]}; valid: {valid_indices(devices)}")
+
+
+def start_assignment(params: dict[str, Any], blocks: list[str], devices: list[str]) -> dict[str, str] | None:
+    """None for the greedy start; else the given vector decoded (all-CPU on a one-device pool without one)."""
+    from autohet.placement import decode
+
+    if params.get("start", "greedy") != "given":
+        return None
+    vector = params.get("assignment")
+    if vector is None and len(devices) == 1:
+        vector = [0] * len(blocks)
+    check_vector({**params, "assignment": vector}, devices)
+    return decode(list(vector), blocks, devices)
+
+
 class PlacementJob:
     """Plain class (a Ray actor under Ray): partition, measure, place, then time batch-1 requests."""
 
@@ -71,16 +111,17 @@ class PlacementJob:
             ) -> dict[str, Any]:
         from autohet.backends import PlacedModel, PlacementMeasure, measure_blocks, measure_links
         from autohet.partition import partition
-        from autohet.placement import place, problem_from_graph, table_transfer
+        from autohet.placement import encode, place, problem_from_graph, table_transfer
 
         backend = params["backend"]
+        graph = partition(model.name, batch=1, seed=model.seed)
+        start = start_assignment(params, graph.names, devices)  # before any timing: a bad vector fails fast
         if backend == "tvm":
             _require_tuned(model.name, devices)
-        graph = partition(model.name, batch=1, seed=model.seed)
         times = measure_blocks(graph, devices, backend, runs=params["runs"])
         transfer = table_transfer(measure_links(devices)) if len(devices) > 1 else None
         problem = problem_from_graph(graph, devices, times, transfer)
-        result = place(problem, PlacementMeasure(graph, backend, runs=params["runs"]), x=params["x"])
+        result = place(problem, PlacementMeasure(graph, backend, runs=params["runs"]), x=params["x"], start=start)
         placed = PlacedModel(graph, result.assignment, backend)
         lat, outputs = _latencies(placed, images)
         baselines = {}
@@ -88,8 +129,13 @@ class PlacementJob:
             whole = PlacedModel(graph, {b: device for b in graph.names}, backend)
             base, _ = _latencies(whole, images)
             baselines[f"{device}/{backend}"] = float(np.median(base)) * 1e3
-        return {"times_s": lat, "outputs": outputs, "assignment": result.assignment, "greedy": result.greedy,
-                "greedy_s": result.greedy_s, "placed_modelled_s": result.modelled_s, "rounds": result.rounds,
+        greedy = result.start == "greedy"
+        return {"times_s": lat, "outputs": outputs, "assignment": result.assignment,
+                "assignment_vector": encode(result.assignment, graph.names, devices), "start": result.start,
+                "start_assignment": result.greedy, "start_vector": encode(result.greedy, graph.names, devices),
+                "start_s": result.greedy_s,
+                "greedy": result.greedy if greedy else None, "greedy_s": result.greedy_s if greedy else None,
+                "placed_modelled_s": result.modelled_s, "rounds": result.rounds, "devices": devices,
                 "baselines_p50_ms": baselines, "blocks": [b.name for b in graph.blocks],
                 "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()}}
 
@@ -99,15 +145,20 @@ class PlacementStrategy(Strategy):
     family = "placement"
     objective = "latency"
     params: ClassVar[dict[str, Param]] = {
-        "x": Param("x", "int", 2, 1, 20, help="correction rounds without gain before stopping"),
+        "x": Param("x", "int", 2, 0, 20, help="correction rounds without gain before stopping (0: none)"),
         "backend": Param("backend", "choice", "torch", choices=("torch", "tvm"),
                          help="block backend (tvm uses MetaSchedule databases from `autohet compile`)"),
         "runs": Param("runs", "int", 10, 1, 1000, help="timed runs per block / per assignment"),
+        "start": Param("start", "choice", "greedy", choices=("greedy", "given"),
+                       help="start the correction rounds from the greedy placement or from `assignment`"),
+        "assignment": Param("assignment", "int_list", None,
+                            help="with start=given: one device index per block (0 cpu, 1 cuda:0)"),
     }
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         if pool.simulated:
             raise UserError("placement measures real blocks on real devices; use a pool without sim executors")
+        check_vector(params, devices_of(pool))
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         from autohet.latency import latency_measurement
@@ -115,7 +166,7 @@ class PlacementStrategy(Strategy):
         from autohet.pool import RayPool
 
         self.check_pool(pool, params)
-        devices = ["cpu"] + sorted({"cuda:0" for e in pool.spec.executors if e.kind == "gpu"})
+        devices = devices_of(pool)
         threads = sum(len(e.cores) for e in pool.spec.executors) or (os.cpu_count() or 1)
         images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
         if isinstance(pool, RayPool):
@@ -136,6 +187,8 @@ class PlacementStrategy(Strategy):
             out = PlacementJob(threads).run(ctx.model, images, devices, params)
         times = out.pop("times_s")
         outputs = out.pop("outputs")
+        if params.get("start") == "given" and params.get("assignment") is None:
+            params = {**params, "assignment": out["start_vector"]}  # the exported config names the vector run
         report = [ExecutorReport("placed", "+".join(devices), len(times), float(sum(times)), 0.0)]
         m = latency_measurement(ctx, pool, self.name, params, times, outputs, report)
         m.extra.update(out)

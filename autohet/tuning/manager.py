@@ -53,6 +53,11 @@ class PoolManager:
         self.pool.configure(exec_params)
         return self.pool.spec, list(self.pool.actors)
 
+    def replace(self, indices: list[int]) -> None:
+        """Fresh actors for executors abandoned mid-unit by a cut trial (same spec and params)."""
+        if self.pool is not None and indices:
+            self.pool.replace(indices)
+
     def standalone(self, seconds: float, max_images: int) -> list[float]:
         """Standalone throughputs of the live topology, measured once per executor configuration."""
         assert self.pool is not None, "acquire() first"

@@ -30,6 +30,7 @@ class TuneSettings:
     standalone_seconds: float = 0.5
     search_spaces: str = "search_spaces"
     latency_runs: int = 50
+    trial_timeout_s: float | str = "auto"  # auto: max(60 s, 10x the expected run time)
 
     def validate(self) -> TuneSettings:
         if self.objective not in ("throughput", "latency"):
@@ -41,9 +42,23 @@ class TuneSettings:
             raise UserError(f"time budget must be positive seconds, got {self.time_budget_s}")
         if self.images != "auto" and (not str(self.images).isdigit() or int(self.images) < 1):
             raise UserError(f"images must be 'auto' or a positive integer, got {self.images!r}")
+        if self.trial_timeout_s != "auto":
+            try:
+                ok = float(self.trial_timeout_s) > 0
+            except (TypeError, ValueError):
+                ok = False
+            if not ok:
+                raise UserError(f"trial_timeout_s must be 'auto' or positive seconds, got {self.trial_timeout_s!r}")
         if isinstance(self.strategies, str) and self.strategies != "all":
             self.strategies = [s.strip() for s in self.strategies.split(",") if s.strip()]
         return self
+
+    def trial_timeout(self, images: int, limit_ips: float) -> float:
+        """Seconds a trial's run may take before it is cut (and its busy executors replaced)."""
+        if self.trial_timeout_s != "auto":
+            return float(self.trial_timeout_s)
+        expected = images / limit_ips if limit_ips > 0 else 60.0
+        return max(60.0, 10.0 * expected)
 
     @property
     def strategy_list(self) -> list[str] | None:

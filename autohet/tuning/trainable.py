@@ -10,7 +10,7 @@ import numpy as np
 import yaml
 
 from autohet.config import RunConfig
-from autohet.errors import UserError
+from autohet.errors import RunTimeout, UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec
 from autohet.run import RunContext, run_strategy
@@ -34,6 +34,7 @@ class TrialSetup:
     check_images: int
     standalone_seconds: float
     latency_runs: int
+    deadline_s: float | None = None
     workload_seed: int = 0
     npy: str | None = None
     reference: dict[str, np.ndarray] = field(default_factory=dict)
@@ -78,6 +79,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
     ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
                      objective=setup.objective, latency_runs=setup.latency_runs, standalone_provider=standalone,
+                     deadline_s=setup.deadline_s,
                      _reference=dict(setup.reference))
     try:
         spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))
@@ -85,6 +87,11 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
             params["ratios"] = params["ratios"][: len(spec.executors)]
         pool = RayPool.attached(spec, actors, (setup.model, setup.workload.images))
         m = run_strategy(strategy, params, pool, ctx)
+    except RunTimeout as exc:  # cut: replace the executors still busy with the abandoned work
+        ray.get(manager.replace.remote(exc.busy))
+        result = _invalid(setup.objective, str(exc))
+        result.update(strategy=strategy, params_json=json.dumps(params), timed_out=1)
+        return result
     except UserError as exc:
         result = _invalid(setup.objective, str(exc))
         result.update(strategy=strategy, params_json=json.dumps(params))

@@ -7,6 +7,7 @@ live under runs/<experiment>/, so a killed tune continues with --resume and keep
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -22,19 +23,35 @@ from autohet.errors import UserError
 from autohet.models import ModelSpec
 from autohet.pool import PoolSpec
 from autohet.tuning.settings import TuneSettings
-from autohet.tuning.space import SearchSpace, load_search_space
+from autohet.tuning.space import SearchSpace, SpaceContext, load_search_space
 
-__all__ = ["DefineByRun", "TuneOutcome", "export_run", "tune_model"]
+__all__ = ["DefineByRun", "TuneOutcome", "export_run", "space_context", "tune_model"]
 
 
 class DefineByRun:
     """The define-by-run space as a picklable callable (Tune checkpoints its searcher)."""
 
-    def __init__(self, space: SearchSpace, pool_size: int, kinds: set[str], pool_dims: bool) -> None:
-        self.space, self.pool_size, self.kinds, self.pool_dims = space, pool_size, kinds, pool_dims
+    def __init__(self, space: SearchSpace, ctx: SpaceContext) -> None:
+        self.space, self.ctx = space, ctx
 
     def __call__(self, trial: Any) -> None:
-        self.space.define(trial, self.pool_size, self.kinds, self.pool_dims)
+        self.space.define(trial, self.ctx)
+
+
+@functools.lru_cache(maxsize=8)
+def block_count(model: ModelSpec) -> int:
+    """Blocks of ``partition(model, batch=1)``: the length of a placement vector (seconds for vgg16, so cached)."""
+    from autohet.partition import partition
+
+    return len(partition(model.name, batch=1, seed=model.seed).blocks)
+
+
+def space_context(space: SearchSpace, pool: PoolSpec, model: ModelSpec, pool_dims: bool) -> SpaceContext:
+    """Sizes for the space's dims; partitions the model only when a block vector can be searched."""
+    kinds = frozenset(e.kind for e in pool.executors)
+    devices = SpaceContext.devices_for(kinds)
+    blocks = block_count(model) if devices > 1 and space.has_type("block_devices") else 0
+    return SpaceContext(_max_pool_size(pool, space, pool_dims), kinds, pool_dims, blocks, devices)
 
 
 def _fits(dim: Any, value: Any) -> bool:
@@ -138,12 +155,13 @@ def _callbacks(logger: Any, progress: _Progress, logged: set[str]):
     return [TrialLogging()]
 
 
-def _calibrate_images(manager: Any, settings: TuneSettings) -> int:
+def _calibrate_images(manager: Any, settings: TuneSettings) -> tuple[int, float]:
+    """Images per trial (sized to target_trial_seconds) and the base pool's summed throughput."""
     import ray
 
     limit = ray.get(manager.calibrate.remote(settings.standalone_seconds))
     images = int(limit * settings.target_trial_seconds)
-    return max(settings.min_images, min(settings.max_images, images))
+    return max(settings.min_images, min(settings.max_images, images)), float(limit)
 
 
 def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = None, resume: bool = False,
@@ -196,12 +214,16 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
     manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
     try:
+        limit: float | None = None
         if resume:
             images = int(state["images"])
         elif settings.images == "auto":
-            images = _calibrate_images(manager, settings)
+            images, limit = _calibrate_images(manager, settings)
         else:
             images = int(settings.images)
+        if limit is None and settings.trial_timeout_s == "auto":
+            limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
+        deadline_s = settings.trial_timeout(images, limit or 0.0)
         workload = Workload(bank.bank, images)
         ctx = RunContext(model, workload, settings.check_images)
         sample = workload.indices_sample(settings.check_images)
@@ -210,7 +232,8 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             lat = ctx.with_images(settings.latency_runs)
             lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
         setup = TrialSetup(model, workload, settings.objective, manager_name, settings.check_images,
-                           settings.standalone_seconds, settings.latency_runs, data_seed, npy, dict(ctx._reference))
+                           settings.standalone_seconds, settings.latency_runs, deadline_s=deadline_s,
+                           workload_seed=data_seed, npy=npy, reference=dict(ctx._reference))
 
         uri = settings.tracking_uri
         client = mlflow_client(uri)
@@ -255,11 +278,10 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             from ray.tune.search.optuna import OptunaSearch
 
             optuna.logging.set_verbosity(optuna.logging.WARNING)
-            kinds = {e.kind for e in pool_spec.executors}
             pool_dims = bool(pool_spec.auto) and bool(space.pool)
             storage = optuna.storages.RDBStorage(f"sqlite:///{exp_dir / 'optuna.db'}")
             searcher = OptunaSearch(
-                DefineByRun(space, _max_pool_size(pool_spec, space, pool_dims), kinds, pool_dims),
+                DefineByRun(space, space_context(space, pool_spec, model, pool_dims)),
                 metric="objective_value", mode=mode, points_to_evaluate=initial_points(space, pool_spec),
                 sampler=optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=5),
                 study_name=experiment, storage=storage, seed=settings.seed)

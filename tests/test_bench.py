@@ -1,0 +1,27 @@
+"""The benchmarks' --smoke mode on CPU: the scripts measured on the GPU machine keep running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed"])
+def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
+    out = tmp_path / f"{bench}.json"
+    proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert rows, "no rows"
+    if bench == "data_parallel":
+        assert all(r["output_ok"] for r in rows)
+        assert all(0 < r["efficiency"] <= 1.5 for r in rows if r["efficiency"] is not None)
+    if bench == "tune_speed":
+        assert rows[0]["tuned_over_grid"] > 0 and rows[0]["grid_runs"] == 2
