@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--models", default="vgg16,resnet18,googlenet")
     parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--backend", default="torch", choices=["torch", "tvm", "per_block"],
+                        help="tvm/per_block need MetaSchedule databases (autohet compile, bench.tvm_gpu)")
     parser.add_argument("--out")
     args = parser.parse_args()
     devices = ["cpu"] if args.smoke or not torch.cuda.is_available() else ["cpu", "cuda:0"]
@@ -33,13 +35,15 @@ def main() -> None:
     for name in models:
         images = Workload.from_spec(WorkloadSpec(args.requests, input_shape(name))).rows(0, args.requests)
         out = PlacementJob(os.cpu_count() or 1).run(ModelSpec(name), np.ascontiguousarray(images), devices,
-                                                     {"x": 2, "backend": "torch", "runs": 10})
+                                                     {"x": 2, "backend": args.backend, "runs": 10,
+                                                      "start": "greedy", "assignment": None})
         p50 = float(np.median(out["times_s"])) * 1e3
         best = min(out["baselines_p50_ms"].values())
         print(f"\n{name}: per-block mean ms (10 runs after warm-up)")
         for block in out["blocks"]:
-            cells = "  ".join(f"{d} {out['block_times_ms'][f'{block}@{d}']:.3f}" for d in devices)
-            print(f"  {block:28s} {cells}  -> {out['assignment'][block]}")
+            cells = "  ".join(f"{key.split('@')[1]} {ms:.3f}" for key, ms in out["block_times_ms"].items()
+                              if key.split("@")[0] == block)
+            print(f"  {block:28s} {cells}  -> {out['assignment'][block]} ({out['block_backend'][block]})")
         base = "  ".join(f"{k} {v:.3f}" for k, v in out["baselines_p50_ms"].items())
         print(f"  batch-1 p50 ms: placed {p50:.3f} | whole model {base} | placed/best-single {p50 / best:.3f}"
               f" | greedy {out['greedy']}")

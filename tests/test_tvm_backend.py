@@ -152,7 +152,7 @@ def test_bench_tvm_gpu_smoke_tunes_and_times_lenet_on_the_cpu(tvm_dir: Path, tmp
     out = tmp_path / "smoke.json"
     env = {**os.environ, "AUTOHET_TVM_DIR": str(tvm_dir), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-m", "bench.tvm_gpu", "--smoke", "--out", str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=240)
+                          env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["complete"] and data["device"] == "cpu" and data["target"]["kind"] == "llvm"
@@ -221,3 +221,25 @@ def test_partial_database_lines_are_dropped(tmp_path: Path) -> None:
     path.write_bytes(b'[0, [1, 2]]\n[1, [3, 4]]\n[2, [5,')
     _repair_jsonl(path)
     assert path.read_bytes() == b'[0, [1, 2]]\n[1, [3, 4]]\n' and _count_lines(path) == 2
+
+
+def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
+        tvm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend=per_block: each (block, device) runs with torch or TVM, whichever measured faster;
+    the placed model still matches the reference and both whole-model baselines are measured."""
+    import autohet.strategies.placement as placement_mod
+    from autohet.models import ModelSpec
+    from autohet.pool import LocalPool, load_pool
+    from autohet.run import RunContext, run_strategy
+    from autohet.workload import Workload, WorkloadSpec
+
+    monkeypatch.setattr(placement_mod, "_require_tuned", lambda model, devices: None)  # untuned TVM is fine here
+    workload = Workload.from_spec(WorkloadSpec(32, (1, 28, 28)))
+    ctx = RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=10)
+    m = run_strategy("placement", {"runs": 3, "backend": "per_block"}, LocalPool(load_pool("actors/cpu1.yaml")), ctx)
+    assert m.output_ok and m.max_abs_diff < 1e-4
+    times = m.extra["block_times_ms"]
+    for block, kind in m.extra["block_backend"].items():
+        other = "tvm" if kind == "torch" else "torch"
+        assert times[f"{block}@cpu/{kind}"] <= times[f"{block}@cpu/{other}"]
+    assert {"cpu/torch", "cpu/tvm"} <= set(m.extra["baselines_p50_ms"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -12,9 +13,17 @@ from autohet.backends._torch import TorchRunner
 from autohet.errors import UserError, unknown_name
 from autohet.partition import BlockGraph
 
-__all__ = ["BACKENDS", "PlacedModel", "PlacementMeasure", "make_runner", "measure_blocks", "measure_links"]
+__all__ = ["BACKENDS", "PlacedModel", "PlacementMeasure", "backend_of", "make_runner", "measure_blocks",
+           "measure_links"]
 
 BACKENDS = ("torch", "tvm")
+
+
+def backend_of(backend: str | Mapping[Any, str], block: str, device: str) -> str:
+    """One backend for all blocks, or a mapping by (block, device) or by block (default torch)."""
+    if isinstance(backend, str):
+        return backend
+    return backend.get((block, device)) or backend.get(block, "torch")
 
 
 def make_runner(graph: BlockGraph, block: str, device: str = "cpu", backend: str = "torch",
@@ -95,8 +104,8 @@ class PlacementMeasure:
     def runner(self, block: str, device: str) -> BlockRunner:
         key = (block, device)
         if key not in self._runners:
-            kind = self.backend if isinstance(self.backend, str) else self.backend.get(block, "torch")
-            self._runners[key] = make_runner(self.graph, block, device, kind, self.dtype)
+            self._runners[key] = make_runner(self.graph, block, device, backend_of(self.backend, block, device),
+                                             self.dtype)
         return self._runners[key]
 
     def __call__(self, assignment: Mapping[str, str]) -> float:

@@ -520,6 +520,14 @@ def _export(lib: Any, path: Path) -> None:
         warnings.warn(f"TVM library not cached ({_first_line(err)})", RuntimeWarning, stacklevel=3)
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """TVM takes DLPack tensors only at 64-byte aligned addresses; a torch view (e.g. a slice that a
+    torch block returned) can start anywhere, so such inputs are copied once (aligned ones are not)."""
+    if t.data_ptr() % 64 == 0:
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 class TvmRunner:
     """A block compiled by TVM for one device; the library is cached under ``runs/tvm/cache``."""
 
@@ -563,7 +571,7 @@ class TvmRunner:
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         import tvm
 
-        args = [tvm.runtime.from_dlpack(t.to(device=self._dev, dtype=torch.float32).contiguous())
+        args = [tvm.runtime.from_dlpack(_aligned(t.to(device=self._dev, dtype=torch.float32).contiguous()))
                 for t in inputs]
         out = self._main(*args, *self._params)
         if isinstance(out, tvm.runtime.Tensor):

@@ -116,19 +116,26 @@ class PlacementJob:
         backend = params["backend"]
         graph = partition(model.name, batch=1, seed=model.seed)
         start = start_assignment(params, graph.names, devices)  # before any timing: a bad vector fails fast
-        if backend == "tvm":
+        if backend in ("tvm", "per_block"):
             _require_tuned(model.name, devices)
-        times = measure_blocks(graph, devices, backend, runs=params["runs"])
+        kinds = ("torch", "tvm") if backend == "per_block" else (backend,)
+        by_kind = {k: measure_blocks(graph, devices, k, runs=params["runs"]) for k in kinds}
+        # per_block: each (block, device) runs with whichever backend measured faster there
+        choice = {cell: min(kinds, key=lambda k, c=cell: by_kind[k][c]) for cell in by_kind[kinds[0]]}
+        times = {cell: by_kind[choice[cell]][cell] for cell in choice}
+        chosen: str | dict = backend if backend != "per_block" else choice
         transfer = table_transfer(measure_links(devices)) if len(devices) > 1 else None
         problem = problem_from_graph(graph, devices, times, transfer)
-        result = place(problem, PlacementMeasure(graph, backend, runs=params["runs"]), x=params["x"], start=start)
-        placed = PlacedModel(graph, result.assignment, backend)
+        result = place(problem, PlacementMeasure(graph, chosen, runs=params["runs"]), x=params["x"], start=start)
+        block_backend = {b: choice[(b, d)] for b, d in result.assignment.items()}
+        placed = PlacedModel(graph, result.assignment, block_backend)
         lat, outputs = _latencies(placed, images)
         baselines = {}
         for device in devices:
-            whole = PlacedModel(graph, {b: device for b in graph.names}, backend)
-            base, _ = _latencies(whole, images)
-            baselines[f"{device}/{backend}"] = float(np.median(base)) * 1e3
+            for kind in kinds:  # the whole model on each device with each backend measured
+                whole = PlacedModel(graph, {b: device for b in graph.names}, kind)
+                base, _ = _latencies(whole, images)
+                baselines[f"{device}/{kind}"] = float(np.median(base)) * 1e3
         greedy = result.start == "greedy"
         return {"times_s": lat, "outputs": outputs, "assignment": result.assignment,
                 "assignment_vector": encode(result.assignment, graph.names, devices), "start": result.start,
@@ -137,7 +144,8 @@ class PlacementJob:
                 "greedy": result.greedy if greedy else None, "greedy_s": result.greedy_s if greedy else None,
                 "placed_modelled_s": result.modelled_s, "rounds": result.rounds, "devices": devices,
                 "baselines_p50_ms": baselines, "blocks": [b.name for b in graph.blocks],
-                "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()}}
+                "block_backend": block_backend,
+                "block_times_ms": {f"{b}@{d}/{k}": t * 1e3 for k in kinds for (b, d), t in by_kind[k].items()}}
 
 
 class PlacementStrategy(Strategy):
@@ -146,8 +154,9 @@ class PlacementStrategy(Strategy):
     objective = "latency"
     params: ClassVar[dict[str, Param]] = {
         "x": Param("x", "int", 2, 0, 20, help="correction rounds without gain before stopping (0: none)"),
-        "backend": Param("backend", "choice", "torch", choices=("torch", "tvm"),
-                         help="block backend (tvm uses MetaSchedule databases from `autohet compile`)"),
+        "backend": Param("backend", "choice", "torch", choices=("torch", "tvm", "per_block"),
+                         help="block backend; per_block: torch or tvm per (block, device), the faster measured "
+                              "(tvm uses MetaSchedule databases from `autohet compile`)"),
         "runs": Param("runs", "int", 10, 1, 1000, help="timed runs per block / per assignment"),
         "start": Param("start", "choice", "greedy", choices=("greedy", "given"),
                        help="start the correction rounds from the greedy placement or from `assignment`"),
