@@ -233,7 +233,11 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
     from autohet.run import RunContext, run_strategy
     from autohet.workload import Workload, WorkloadSpec
 
-    monkeypatch.setattr(placement_mod, "_require_tuned", lambda model, devices: None)  # untuned TVM is fine here
+    def refuse(model: str, devices: list[str]) -> None:
+        raise AssertionError("per_block must not require a tuned database")
+
+    monkeypatch.setattr(placement_mod, "_require_tuned", refuse)
+    monkeypatch.setattr(placement_mod, "tvm_ready", lambda model, devices: list(devices))  # as if tuned
     workload = Workload.from_spec(WorkloadSpec(32, (1, 28, 28)))
     ctx = RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=10)
     m = run_strategy("placement", {"runs": 3, "backend": "per_block"}, LocalPool(load_pool("actors/cpu1.yaml")), ctx)
@@ -243,3 +247,18 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
         other = "tvm" if kind == "torch" else "torch"
         assert times[f"{block}@cpu/{kind}"] <= times[f"{block}@cpu/{other}"]
     assert {"cpu/torch", "cpu/tvm"} <= set(m.extra["baselines_p50_ms"])
+
+
+def test_placement_per_block_without_a_database_measures_torch_only(tvm_dir: Path) -> None:
+    """No MetaSchedule database: TVM is not timed at all (untuned it would cost minutes and lose)."""
+    from autohet.models import ModelSpec
+    from autohet.pool import LocalPool, load_pool
+    from autohet.run import RunContext, run_strategy
+    from autohet.workload import Workload, WorkloadSpec
+
+    workload = Workload.from_spec(WorkloadSpec(16, (1, 28, 28)))
+    ctx = RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=5)
+    m = run_strategy("placement", {"runs": 2, "backend": "per_block"}, LocalPool(load_pool("actors/cpu1.yaml")), ctx)
+    assert m.output_ok
+    assert set(m.extra["block_backend"].values()) == {"torch"}
+    assert set(m.extra["baselines_p50_ms"]) == {"cpu/torch"}

@@ -62,6 +62,13 @@ def _require_tuned(model: str, devices: list[str]) -> None:
                             f"--backend tvm --target {target} --trials N` first, or use backend torch")
 
 
+def tvm_ready(model: str, devices: list[str]) -> list[str]:
+    """Devices with a MetaSchedule database for ``model``: where TVM is worth measuring at all."""
+    from autohet.backends._tvm import database_tag, tune_dir, tvm_target
+
+    return [d for d in devices if database_tag(tune_dir(model, tvm_target(d)[1])) != "untuned"]
+
+
 def devices_of(pool: Pool) -> list[str]:
     """The devices a placement vector indexes: the CPU, then ``cuda:0`` when the pool has a GPU executor."""
     return ["cpu"] + sorted({"cuda:0" for e in pool.spec.executors if e.kind == "gpu"})
@@ -116,12 +123,17 @@ class PlacementJob:
         backend = params["backend"]
         graph = partition(model.name, batch=1, seed=model.seed)
         start = start_assignment(params, graph.names, devices)  # before any timing: a bad vector fails fast
-        if backend in ("tvm", "per_block"):
+        if backend == "tvm":  # per_block measures both: an untuned TVM cell just loses to torch there
             _require_tuned(model.name, devices)
-        kinds = ("torch", "tvm") if backend == "per_block" else (backend,)
-        by_kind = {k: measure_blocks(graph, devices, k, runs=params["runs"]) for k in kinds}
-        # per_block: each (block, device) runs with whichever backend measured faster there
-        choice = {cell: min(kinds, key=lambda k, c=cell: by_kind[k][c]) for cell in by_kind[kinds[0]]}
+        # per_block: each (block, device) runs with whichever backend measured faster there; TVM is only
+        # measured on devices with a MetaSchedule database (untuned it is 50-150x slower: minutes of timing)
+        on = {k: devices for k in (("torch", "tvm") if backend == "per_block" else (backend,))}
+        if backend == "per_block":
+            on["tvm"] = tvm_ready(model.name, devices)
+        kinds = tuple(k for k in on if on[k])
+        by_kind = {k: measure_blocks(graph, on[k], k, runs=params["runs"]) for k in kinds}
+        choice = {cell: min((k for k in kinds if cell in by_kind[k]), key=lambda k, c=cell: by_kind[k][c])
+                  for cell in by_kind[kinds[0]]}
         times = {cell: by_kind[choice[cell]][cell] for cell in choice}
         chosen: str | dict = backend if backend != "per_block" else choice
         transfer = table_transfer(measure_links(devices)) if len(devices) > 1 else None
@@ -132,7 +144,7 @@ class PlacementJob:
         lat, outputs = _latencies(placed, images)
         baselines = {}
         for device in devices:
-            for kind in kinds:  # the whole model on each device with each backend measured
+            for kind in (k for k in kinds if device in on[k]):  # whole model, each device x measured backend
                 whole = PlacedModel(graph, {b: device for b in graph.names}, kind)
                 base, _ = _latencies(whole, images)
                 baselines[f"{device}/{kind}"] = float(np.median(base)) * 1e3
@@ -156,7 +168,8 @@ class PlacementStrategy(Strategy):
         "x": Param("x", "int", 2, 0, 20, help="correction rounds without gain before stopping (0: none)"),
         "backend": Param("backend", "choice", "torch", choices=("torch", "tvm", "per_block"),
                          help="block backend; per_block: torch or tvm per (block, device), the faster measured "
-                              "(tvm uses MetaSchedule databases from `autohet compile`)"),
+                              "(tvm needs MetaSchedule databases from `autohet compile`; per_block uses "
+                              "them where they exist)"),
         "runs": Param("runs", "int", 10, 1, 1000, help="timed runs per block / per assignment"),
         "start": Param("start", "choice", "greedy", choices=("greedy", "given"),
                        help="start the correction rounds from the greedy placement or from `assignment`"),
