@@ -215,7 +215,7 @@ def _lib_dirs() -> list[Path]:
         maps = Path("/proc/self/maps").read_text()
         dirs += [Path(m).parent for m in re.findall(r"(/\S+/lib(?:cudart|nvrtc)[\w.-]*\.so[\d.]*)", maps)]
     except OSError:
-        pass
+        pass  # no /proc: the other places below are searched
     for var in ("CUDA_PATH", "CUDA_HOME"):
         if os.environ.get(var):
             root = Path(os.environ[var])

@@ -158,7 +158,7 @@ class TuneSession:
                 self._proc.stdin.close()
                 self._proc.wait(timeout=max(0.01, timeout_s))
             except (OSError, subprocess.TimeoutExpired):
-                pass
+                pass  # still running or gone: kill() below ends it either way
         self.kill()
         if self._ready is not None:
             self._ready.unlink(missing_ok=True)

@@ -11,7 +11,6 @@ before this part's outputs are handed back, so the GPU does not idle between par
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +82,6 @@ class GpuExecutor(Executor):
         self.dev_in = [torch.empty((batch, *shape), dtype=self.dtype, device=self.device) for _ in range(2)]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.consumed = [torch.cuda.Event() for _ in range(2)]
-        self._launch_lock = threading.Lock()
         self._slot = 0
         self._ahead: dict[tuple[int, int], _Launched] = {}
         # outputs go back as fp32, converted on the GPU: numpy's fp16 -> fp32 cast runs at ~10 ns an
@@ -120,12 +118,12 @@ class GpuExecutor(Executor):
     def launch(self, start: int, size: int) -> _Launched:
         """Queues the unit's copies, forward passes and output copies on the GPU and returns at once.
 
-        Launches are serialised by a lock (the double-buffer slots and events are shared between
-        callers). Queuing the next unit before collecting this one (``run_ahead``, ``standalone_ips``)
-        keeps the GPU busy through the end-of-call wait, the output copy and the actor's return.
+        One caller thread at a time (the actor runs one call at once). Queuing the next unit before
+        collecting this one (``run_ahead``, ``standalone_ips``) keeps the GPU busy through the
+        end-of-call wait, the output copy and the actor's return.
         """
         batch = self.spec.batch
-        with self._launch_lock, torch.inference_mode():
+        with torch.inference_mode():
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             begin.record(self.compute_stream)

@@ -6,7 +6,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
-from autohet.executors import Executor, make_executor
+from autohet.executors import Executor, ExecutorSpec, make_executor
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
@@ -124,19 +124,25 @@ class RayPool(Pool):
     def start(self, model: ModelSpec, workload: Workload) -> None:
         import ray
 
-        from autohet.pool.ray_pool import ExecutorActor, actor_options, check_cluster_resources
+        from autohet.pool.ray_pool import check_cluster_resources
 
         if self.actors and (not self.owned or self.started_for == (model, workload.images)):
             return
         check_cluster_resources(self.spec)
         self.shutdown()
         self.workload_ref = ray.put(workload)
-        remote_cls = ray.remote(ExecutorActor)
-        for spec in self.spec.executors:
-            name = f"{self.name_prefix}-{spec.name}" if self.name_prefix else None
-            self.actors.append(remote_cls.options(**actor_options(spec, name)).remote(spec, model))
+        self.actors = [self._new_actor(spec, model, "") for spec in self.spec.executors]
         self.descriptions = ray.get([a.load.remote(self.workload_ref) for a in self.actors])
         self.started_for = (model, workload.images)
+
+    def _new_actor(self, spec: ExecutorSpec, model: ModelSpec, suffix: str) -> Any:
+        """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""
+        import ray
+
+        from autohet.pool.ray_pool import ExecutorActor, actor_options
+
+        name = f"{self.name_prefix}-{spec.name}{suffix}" if self.name_prefix else None
+        return ray.remote(ExecutorActor).options(**actor_options(spec, name)).remote(spec, model)
 
     def dispatcher(self) -> Dispatcher:
         from autohet.pool.ray_pool import RayDispatcher
@@ -167,17 +173,12 @@ class RayPool(Pool):
         ones with the same spec, workload and params."""
         import ray
 
-        from autohet.pool.ray_pool import ExecutorActor, actor_options
-
         self.replaced = getattr(self, "replaced", 0) + 1
-        remote_cls = ray.remote(ExecutorActor)
         fresh = {}
         for i in indices:
             with contextlib.suppress(Exception):  # already dead
                 ray.kill(self.actors[i], no_restart=True)
-            spec = self.spec.executors[i]
-            name = f"{self.name_prefix}-{spec.name}-r{self.replaced}" if self.name_prefix else None
-            fresh[i] = remote_cls.options(**actor_options(spec, name)).remote(spec, self.started_for[0])
+            fresh[i] = self._new_actor(self.spec.executors[i], self.started_for[0], f"-r{self.replaced}")
         ray.get([fresh[i].load.remote(self.workload_ref) for i in fresh])
         for i, actor in fresh.items():
             self.actors[i] = actor

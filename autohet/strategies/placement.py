@@ -52,14 +52,14 @@ def _latencies(fn: Any, images: np.ndarray, warmup: int = 3) -> tuple[list[float
 
 def _require_tuned(model: str, devices: list[str]) -> None:
     """Untuned TVM is 50-150x slower than PyTorch: a TVM trial needs `autohet compile` first."""
-    from autohet.backends._tvm import database_tag, tune_dir, tvm_target
+    from autohet.backends._tvm import tvm_target
 
-    for device in devices:
+    ready = tvm_ready(model, devices)
+    for device in (d for d in devices if d not in ready):
         _, key = tvm_target(device)
-        if database_tag(tune_dir(model, key)) == "untuned":
-            target = "cpu" if device == "cpu" else "cuda"
-            raise UserError(f"no MetaSchedule database for {model} on {key}; run `autohet compile --model {model} "
-                            f"--backend tvm --target {target} --trials N` first, or use backend torch")
+        target = "cpu" if device == "cpu" else "cuda"
+        raise UserError(f"no MetaSchedule database for {model} on {key}; run `autohet compile --model {model} "
+                        f"--backend tvm --target {target} --trials N` first, or use backend torch")
 
 
 def tvm_ready(model: str, devices: list[str]) -> list[str]:
