@@ -59,6 +59,28 @@ class Measurement:
     def waste(self) -> float:
         return 1.0 - self.efficiency
 
+    def losses(self) -> dict[str, dict[str, float]]:
+        """Where the gap to the limit went, per executor, as shares of limit x wall (all shares
+        add up to the waste): ``before`` its first unit, ``between`` units, ``after`` its last
+        (idle time, weighted by its standalone speed), and ``slow``: images short of its
+        standalone speed while it had a unit (round trips, host contention, partial batches)."""
+        out: dict[str, dict[str, float]] = {}
+        scale = self.limit_ips * self.wall_s
+        if scale <= 0:
+            return out
+        for e in self.executors:
+            units = sorted((u for u in self.timeline if u.executor == e.name and u.ok), key=lambda u: u.start_s)
+            v = e.standalone_ips
+            if not units:
+                out[e.name] = {"before": v * self.wall_s / scale, "between": 0.0, "after": 0.0, "slow": 0.0}
+                continue
+            gaps = sum(max(0.0, b.start_s - a.end_s) for a, b in zip(units, units[1:], strict=False))
+            busy = sum(u.end_s - u.start_s for u in units)
+            out[e.name] = {"before": v * units[0].start_s / scale, "between": v * gaps / scale,
+                           "after": v * max(0.0, self.wall_s - units[-1].end_s) / scale,
+                           "slow": (v * busy - e.images) / scale}
+        return out
+
     def to_dict(self, timeline: bool = False) -> dict[str, Any]:
         out = asdict(self)
         out["waste"] = self.waste

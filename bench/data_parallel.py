@@ -2,10 +2,14 @@
 
 For each model: the best single executor over a grid of GPU batch x precision ("tuned" single),
 then fast_split, hat and fifo over a small parameter grid at that batch/precision. Prints each
-multi-device run's efficiency (throughput / the limit measured in the same run) and the ratio of
-the best multi-device throughput to the best single executor.
+multi-device run's efficiency (throughput / the limit measured in the same run), the ratio of
+the best multi-device throughput to the best single executor, and the run's profile: where the
+gap to the limit went (``Measurement.losses``, summed per executor kind, shares of the limit):
+idle before the first unit / between units / after the last, and ``slow`` (images short of the
+standalone speed while busy).
 
     python -m bench.data_parallel                    # GPU machine
+    python -m bench.data_parallel --max-cpu-groups 2 # leave the other cores to the host
     python -m bench.data_parallel --smoke            # CPU: lenet on two 1-core groups
 """
 
@@ -22,6 +26,13 @@ from bench._common import emit
 
 # Sized for a GPU ~100-1000x faster than one CPU group. The seed's rules count fixed sizes in images
 # (the same probe/chunk for every executor); `unit: batches` counts them in each executor's batches.
+SMALL_GRIDS = {
+    "fast_split": [{"w_s": 1, "r": 0.5, "threshold": 1, "unit": "batches"},
+                   {"w_s": 1, "r": 0.9, "threshold": 64, "unit": "batches"},
+                   {"w_s": 2, "r": 0.8, "threshold": 1, "unit": "batches"}],
+    "hat": [{"s": 32}],
+    "fifo": [{"c": 4, "unit": "batches"}],
+}
 GRIDS = {
     "fast_split": [{"w_s": 32, "r": 0.5},
                    {"w_s": 1, "r": 0.5, "threshold": 1, "unit": "batches"},
@@ -30,6 +41,17 @@ GRIDS = {
     "hat": [{"s": 32}],
     "fifo": [{"c": 64}, {"c": 4, "unit": "batches"}, {"c": 16, "unit": "batches"}],
 }
+
+
+def losses_by_kind(m, pool_spec) -> dict[str, dict[str, float]]:
+    """``Measurement.losses`` summed over the executors of each kind (gpu, cpu)."""
+    kinds = {e.name: e.kind for e in pool_spec.executors}
+    out: dict[str, dict[str, float]] = {}
+    for name, parts in m.losses().items():
+        agg = out.setdefault(kinds.get(name, "?"), {})
+        for key, value in parts.items():
+            agg[key] = agg.get(key, 0.0) + value
+    return out
 
 
 def main() -> None:
@@ -41,6 +63,10 @@ def main() -> None:
     parser.add_argument("--gpu-batches", default="256")
     parser.add_argument("--precisions", default="fp16")
     parser.add_argument("--cpu-batch", type=int, default=8)
+    parser.add_argument("--max-cpu-groups", type=int, help="use at most this many CPU groups (the rest of the "
+                        "cores stay free for the driver, Ray and the GPU's feeding thread)")
+    parser.add_argument("--grid", choices=["full", "small"], default="full",
+                        help="small: only the per-executor-sized (unit=batches) points, hat and fifo")
     parser.add_argument("--out")
     args = parser.parse_args()
     init_ray()
@@ -50,11 +76,14 @@ def main() -> None:
         grids = {"fast_split": [{"w_s": 64}], "hat": [{"s": 128}], "fifo": [{"c": 256}]}
     else:
         models = args.models.split(",")
-        pool_spec = load_pool("actors/auto.yaml", auto_overrides={
-            "cpu_group_size": args.cpu_group_size, "cpu": {"batch": args.cpu_batch}})
+        overrides = {"cpu_group_size": args.cpu_group_size, "cpu": {"batch": args.cpu_batch}}
+        if args.max_cpu_groups is not None:
+            overrides["max_cpu_groups"] = args.max_cpu_groups
+        pool_spec = load_pool("actors/auto.yaml", auto_overrides=overrides)
         gpu_grid = [{"batch": int(b), "precision": p, "channels_last": True}
                     for b in args.gpu_batches.split(",") for p in args.precisions.split(",")]
-        grids = GRIDS
+        grids = GRIDS if args.grid == "full" else SMALL_GRIDS
+    print("pool:", ", ".join(f"{e.name} {e.device}" for e in pool_spec.executors), flush=True)
     gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.kind == "gpu"), 0)
     rows = []
     for name in models:
@@ -80,13 +109,18 @@ def main() -> None:
             for strategy, grid in grids.items():
                 for params in grid:
                     m = run_strategy(strategy, params, pool, ctx)
+                    loss = losses_by_kind(m, pool_spec)
                     rows.append({"model": name, "strategy": strategy, "params": params, "gpu": best_exec,
                                  "throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                  "efficiency": m.efficiency, "output_ok": m.output_ok,
-                                 "vs_best_single": m.throughput_ips / best_single.throughput_ips})
+                                 "vs_best_single": m.throughput_ips / best_single.throughput_ips,
+                                 "wall_s": m.wall_s, "standalone": [e.standalone_ips for e in m.executors],
+                                 "loss": loss})
                     print(f"ROW {name} {strategy} {params} eff {m.efficiency:.3f} ips {m.throughput_ips:.0f} "
-                          f"limit {m.limit_ips:.0f} vs_single {rows[-1]['vs_best_single']:.3f} ok {m.output_ok}",
-                          flush=True)
+                          f"limit {m.limit_ips:.0f} vs_single {rows[-1]['vs_best_single']:.3f} ok {m.output_ok} "
+                          f"wall {m.wall_s:.2f}s", flush=True)
+                    print("     loss " + "  ".join(f"{kind}: " + " ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                                                  for kind, parts in loss.items()), flush=True)
                     if m.output_ok and (best_multi is None or m.throughput_ips > best_multi["throughput_ips"]):
                         best_multi = rows[-1]
             rows.append({"model": name, "strategy": "BEST single", "params": best_exec, "gpu": best_exec,

@@ -62,6 +62,22 @@ def _max_diff(a: Any, b: Any) -> float:
     return max(float((x.float().cpu() - y.float().cpu()).abs().max()) for x, y in zip(a, b, strict=True))
 
 
+def _merge(results: list[Any]) -> Any:
+    """One TuneResult for a model tuned as several jobs (sums; the last job's paths)."""
+    from dataclasses import replace
+
+    last = results[-1]
+    blocks: dict[str, Any] = {}
+    for r in results:
+        blocks.update(r.extra.get("blocks", {}))
+    return replace(last, tuned=[t for r in results for t in r.tuned],
+                   tasks=sum(r.tasks for r in results), trials_done=sum(r.trials_done for r in results),
+                   valid=sum(r.valid for r in results), seconds=sum(r.seconds for r in results),
+                   timed_out=any(r.timed_out for r in results), skipped=[s for r in results for s in r.skipped],
+                   first_error=next((r.first_error for r in results if r.first_error), ""),
+                   extra={**last.extra, "blocks": blocks, "jobs": len(results)})
+
+
 def _summary(report: Report) -> None:
     from bench._common import emit
 
@@ -91,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
                              "~3x faster, which a short budget needs)")
     parser.add_argument("--runs", type=int, default=10, help="timed runs per block after 3 warm-up runs")
     parser.add_argument("--retune", action="store_true", help="tune blocks again even if already tuned")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cuda: the GPU (sm_xx from the device); cpu: LLVM for this host's CPU")
+    parser.add_argument("--per-block", action="store_true", help="one tuning job per block, equal budget shares")
+    parser.add_argument("--blocks", help="comma-separated block names: tune and time only these")
     parser.add_argument("--smoke", action="store_true", help="CPU (llvm), lenet, a few trials")
     parser.add_argument("--out", help="JSON path (default $OUT/tvm_gpu.json, else bench/results/)")
     args = parser.parse_args(argv)
@@ -99,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         # 4 trials end it early; the budget leaves room for a loaded 2-core CI box (child start ~30 s)
         args.trials, args.budget_s, args.total_s = min(args.trials, 4), 150.0, 260
     else:
-        device, models = "cuda", [m.strip() for m in args.models.split(",") if m.strip()]
-    name = "tvm_gpu_smoke.json" if args.smoke else "tvm_gpu.json"
+        device, models = args.device, [m.strip() for m in args.models.split(",") if m.strip()]
+    name = "tvm_gpu_smoke.json" if args.smoke else f"tvm_{'gpu' if device == 'cuda' else 'cpu'}.json"
     out = Path(args.out) if args.out else Path(os.environ["OUT"]) / name if os.environ.get("OUT") else (
         REPO / "bench" / "results" / name)
 
@@ -165,6 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             report.data["models"].append(entry)
             graph = partition(model, batch=1)
             blocks = list(graph.blocks)
+            if args.blocks:
+                wanted = [b.strip() for b in args.blocks.split(",") if b.strip()]
+                unknown = sorted(set(wanted) - {b.name for b in blocks})
+                if unknown:
+                    print(f"tvm_gpu: {model} has no block {unknown[0]!r}; blocks: "
+                          f"{', '.join(b.name for b in blocks)}", flush=True)
+                    return 2
+                blocks = [b for b in blocks if b.name in wanted]
             print(f"\n== {model}: {len(blocks)} blocks; tuning for up to {max(budget, 0):.0f} s "
                   f"({left(args.total_s):.0f} s left in all)", flush=True)
             if budget >= 15.0:
@@ -177,12 +205,27 @@ def main(argv: list[str] | None = None) -> int:
                               f"candidates measured, {state.get('valid', 0)} ran", flush=True)
 
                 try:
-                    hard = max(budget + 60.0, 30.0)
-                    hard = min(hard, left(args.total_s) - reserve / 2)
-                    result = session.tune(blocks, graph.model, args.trials, retune=args.retune, budget_s=budget,
-                                          timeout_s=hard, per_iter=args.per_iter, population=args.population,
-                                          progress=progress)
-                    coverage = result.extra.get("blocks", {})
+                    jobs = [[b] for b in blocks] if args.per_block else [blocks]
+                    results = []
+                    model_end = time.monotonic() + budget
+                    for k, job in enumerate(jobs):
+                        job_budget = (model_end - time.monotonic()) / (len(jobs) - k)
+                        if job_budget < 3.0:
+                            print(f"   {job[0].name}: no tuning time left", flush=True)
+                            continue
+                        hard = max(job_budget + 60.0, 30.0)
+                        hard = min(hard, left(args.total_s) - reserve / 2)
+                        part = session.tune(job, graph.model, max(1, args.trials // len(jobs)), retune=args.retune,
+                                            budget_s=job_budget, timeout_s=hard, per_iter=args.per_iter,
+                                            population=args.population, progress=progress)
+                        results.append(part)
+                        coverage.update(part.extra.get("blocks", {}))
+                        if args.per_block:
+                            print(f"   tuned {job[0].name}: {part.trials_done} trials ({part.valid} ran) in "
+                                  f"{part.seconds:.0f} s", flush=True)
+                    if not results:
+                        raise UserError("no tuning job ran (the budget was too small)")
+                    result = _merge(results)
                     entry["tuning"] = {"tasks": result.tasks, "trials_done": result.trials_done,
                                        "valid": result.valid, "records": result.records,
                                        "seconds": round(result.seconds, 1), "timed_out": result.timed_out,

@@ -69,3 +69,8 @@ def test_strategy_run_on_simulated_pool_is_complete_checked_and_labelled(name):
     assert sum(u.size for u in m.timeline) == 3000
     starts = sorted((u.start_image, u.size) for u in m.timeline)
     assert [s for s, _ in starts] == list(np.cumsum([0] + [z for _, z in starts[:-1]]))
+    losses = m.losses()  # the profile of the gap to the limit accounts for all of it
+    assert set(losses) == {e.name for e in m.executors}
+    assert sum(sum(parts.values()) for parts in losses.values()) == pytest.approx(m.waste, abs=1e-9)
+    idle = [e.name for e in m.executors if e.images == 0]
+    assert all(losses[name]["before"] > 0 and losses[name]["slow"] == 0 for name in idle)

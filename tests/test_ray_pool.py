@@ -137,3 +137,28 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
         assert m.output_ok and m.wall_s < 2.0  # 5 images at 10 img/s, not behind 10 s of old work
     finally:
         pool.shutdown()
+
+
+def test_a_new_topology_adopts_the_actors_it_shares_with_the_old_one(ray_local):
+    from ray.exceptions import RayActorError
+
+    from autohet.pool import identity
+
+    workload = Workload.from_spec(WorkloadSpec(200, (1, 28, 28)))
+    gpu = ExecutorSpec("simgpu", "sim", needs_gpu=True, speed_ips=3000.0, overhead_s=0.001)
+    old = RayPool(PoolSpec("old", [gpu, ExecutorSpec("a", "sim", speed_ips=500.0)]))
+    new = RayPool(PoolSpec("new", [gpu, ExecutorSpec("b", "sim", speed_ips=800.0)]))
+    try:
+        old.start(ModelSpec("lenet"), workload)
+        dropped = old.actors[1]
+        kept = old.release({identity(e) for e in new.spec.executors})
+        assert list(kept) == [identity(gpu)]
+        with pytest.raises(RayActorError):  # the executor the new topology lacks was ended
+            ray_local.get(dropped.ping.remote(), timeout=60)
+        new.start(ModelSpec("lenet"), workload, adopt=kept)
+        assert new.actors[0] is kept[identity(gpu)] and new.adopted == 1
+        m = run_strategy("fifo", {"c": 20}, new, RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05))
+        assert m.output_ok and all(e.images > 0 for e in m.executors)
+    finally:
+        new.shutdown()
+        old.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -49,6 +50,7 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path):
     proc = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "e2e"], cwd, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
+    assert re.search(r"9 trials in \d+ s: acquire \d+ s, standalone \d+ s, .*topologies started", proc.stderr)
     assert not (cwd / "mlruns").exists()
     client = client_for(cwd)
     exp = client.get_experiment_by_name("e2e")
@@ -62,7 +64,10 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path):
     for run in trials:
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert {"throughput_ips", "limit_ips", "efficiency", "valid", "objective_value",
-                "share.cpu0", "busy.cpu1"} <= set(run.data.metrics)
+                "share.cpu0", "busy.cpu1", "time.acquire_s", "time.run_s", "time.standalone_s",
+                "time.trial_s"} <= set(run.data.metrics)
+        phases = sum(run.data.metrics[f"time.{p}_s"] for p in ("acquire", "run", "standalone"))
+        assert phases == pytest.approx(run.data.metrics["time.trial_s"])
         assert "strategy" in run.data.params
         files = {a.path for a in client.list_artifacts(run.info.run_id)}
         assert {"timeline.png", "config.yaml", "measurement.json"} <= files

@@ -12,7 +12,13 @@ from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispa
 from autohet.pool.spec import PoolSpec
 from autohet.workload import Workload
 
-__all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool"]
+__all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
+
+
+def identity(spec: ExecutorSpec) -> tuple:
+    """What makes two executors the same worker (name, kind, cores, GPU, node): an actor of one
+    serves the other after ``configure`` (batch and precision are per run)."""
+    return (spec.name, spec.kind, spec.cores, spec.gpu, spec.node)
 
 
 class Pool(ABC):
@@ -41,8 +47,10 @@ class Pool(ABC):
     def dispatcher(self) -> Dispatcher: ...
 
     @abstractmethod
-    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
-        """Each executor's throughput running alone, measured one after another."""
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
+                       indices: list[int] | None = None) -> list[float]:
+        """Each executor's throughput running alone, measured one after another (only ``indices``,
+        in that order, when given)."""
 
     def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
         """Applies per-kind executor params (batch, precision, channels_last) for the next run."""
@@ -70,8 +78,10 @@ class LocalPool(Pool):
     def dispatcher(self) -> Dispatcher:
         return LocalDispatcher(self.executors)
 
-    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
-        return [ex.standalone_ips(min_seconds, max_images) for ex in self.executors]
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
+                       indices: list[int] | None = None) -> list[float]:
+        chosen = range(len(self.executors)) if indices is None else indices
+        return [self.executors[i].standalone_ips(min_seconds, max_images) for i in chosen]
 
     def _apply_config(self) -> None:
         for ex, spec in zip(self.executors, self.spec.executors, strict=True):
@@ -93,9 +103,11 @@ class VirtualPool(Pool):
         return VirtualClockDispatcher(self.names, [e.speed_ips for e in execs], [e.overhead_s for e in execs],
                                       self.die_at)
 
-    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
+                       indices: list[int] | None = None) -> list[float]:
         out = []
-        for e in self.spec.executors:
+        chosen = range(len(self.spec.executors)) if indices is None else indices
+        for e in (self.spec.executors[i] for i in chosen):
             unit = max(1, min(e.batch, max_images or e.batch))
             out.append(unit / (e.overhead_s + unit / e.speed_ips))
         return out
@@ -121,7 +133,9 @@ class RayPool(Pool):
 
     owned = True
 
-    def start(self, model: ModelSpec, workload: Workload) -> None:
+    def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
+        """Creates and loads the actors; ``adopt`` maps executor identities (``identity``) to live
+        actors already loaded with this model and workload, which are used as they are."""
         import ray
 
         from autohet.pool.ray_pool import check_cluster_resources
@@ -130,10 +144,29 @@ class RayPool(Pool):
             return
         check_cluster_resources(self.spec)
         self.shutdown()
+        adopt = adopt or {}
         self.workload_ref = ray.put(workload)
-        self.actors = [self._new_actor(spec, model, "") for spec in self.spec.executors]
-        self.descriptions = ray.get([a.load.remote(self.workload_ref) for a in self.actors])
+        self.actors = [adopt.get(identity(spec)) or self._new_actor(spec, model, "") for spec in self.spec.executors]
+        fresh = [a for a, spec in zip(self.actors, self.spec.executors, strict=True) if identity(spec) not in adopt]
+        ray.get([a.load.remote(self.workload_ref) for a in fresh])
+        self.adopted = len(self.actors) - len(fresh)
         self.started_for = (model, workload.images)
+
+    def release(self, keep: set[tuple]) -> dict[tuple, Any]:
+        """Ends this pool, killing every actor except those whose executor identity is in ``keep``;
+        returns those (identity -> actor) for the next pool to adopt."""
+        import ray
+
+        kept = {}
+        for spec, actor in zip(self.spec.executors, self.actors, strict=True):
+            if identity(spec) in keep:
+                kept[identity(spec)] = actor
+                continue
+            with contextlib.suppress(Exception):  # already dead
+                ray.kill(actor)
+        self.actors = []
+        self.started_for = None
+        return kept
 
     def _new_actor(self, spec: ExecutorSpec, model: ModelSpec, suffix: str) -> Any:
         """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""
@@ -149,12 +182,13 @@ class RayPool(Pool):
 
         return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in self.spec.executors])
 
-    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> list[float]:
+    def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
+                       indices: list[int] | None = None) -> list[float]:
         import ray
         from ray.exceptions import RayActorError
 
         out = []
-        for actor in self.actors:
+        for actor in (self.actors if indices is None else [self.actors[i] for i in indices]):
             try:
                 out.append(float(ray.get(actor.standalone_ips.remote(min_seconds, max_images))))
             except RayActorError:  # a dead executor has no standalone throughput

@@ -2,54 +2,103 @@
 
 Trials run in Ray Tune's worker processes; they ask the manager (a Ray actor holding no
 devices) for the actor handles of the topology a trial wants, with that trial's executor
-parameters applied. Only one topology lives at a time: devices are never shared by two.
+parameters applied. Only one topology lives at a time: devices are never shared by two. When
+the topology changes, executors present in both (a GPU with its feeding core) keep their actor.
+
+Standalone throughputs (the limit) are measured once per executor *class* and configuration:
+executors of the same kind, core count, GPU, node and parameters (the 15 one-core groups of a
+16-core machine) share one measurement, taken on the first of them, and it is reused by every
+later trial and topology that has that class. On a GPU machine this turns minutes of measuring
+slow CPU groups one by one into seconds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
-from autohet.pool import PoolSpec, RayPool, load_pool
+from autohet.pool import PoolSpec, RayPool, identity, load_pool
 from autohet.workload import Workload, WorkloadSpec
 
-__all__ = ["PoolManager", "regroup"]
+__all__ = ["PoolManager", "StandaloneCache", "executor_class", "regroup"]
+
+
+def executor_class(spec: ExecutorSpec) -> ExecutorSpec:
+    """The spec with what does not change its standalone speed blanked: its name and which cores
+    (their count stays). Executors with equal classes share one standalone measurement."""
+    return replace(spec, name="", cores=tuple(range(len(spec.cores))))
+
+
+class StandaloneCache:
+    """Standalone throughputs measured once per executor class, configuration and unit cap."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[ExecutorSpec, int | None], float] = {}
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def measure(self, pool: Any, seconds: float, max_images: int | None) -> list[float]:
+        """The pool's standalone figures, measuring only the first executor of each class not yet known."""
+        keys = [(executor_class(e), max_images) for e in pool.spec.executors]
+        first: dict[tuple, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self.values:
+                first.setdefault(key, i)
+        if first:
+            measured = pool.standalone_ips(seconds, max_images, indices=list(first.values()))
+            self.values.update(zip(first, measured, strict=True))
+        return [self.values[key] for key in keys]
+
+    def known(self, spec: ExecutorSpec) -> float | None:
+        """The best figure known for this executor's class and configuration (any unit cap), or None."""
+        cls = executor_class(spec)
+        found = [v for (c, _), v in self.values.items() if c == cls and v > 0]
+        return max(found) if found else None
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
-    """The auto pool re-detected with another cpu_group_size; explicit pools stay as they are."""
-    size = pool_params.get("cpu_group_size")
-    if not base.auto or size is None or base.source.startswith("auto on"):
+    """The auto pool re-detected with the trial's pool dims (cpu_group_size, max_cpu_groups);
+    explicit pools stay as they are."""
+    overrides = {k: int(v) for k, v in pool_params.items() if k in ("cpu_group_size", "max_cpu_groups")
+                 and v is not None}
+    if not base.auto or not overrides or base.source.startswith("auto on"):
         return base
     source = None if base.source == "auto" else base.source
-    return load_pool(source, auto_overrides={"cpu_group_size": int(size)})
+    return load_pool(source, auto_overrides=overrides)
 
 
 class PoolManager:
     """Plain class (wrapped by ray.remote in the tuner): owns at most one live RayPool."""
 
-    def __init__(self, base: PoolSpec, model: ModelSpec, workload: WorkloadSpec | Workload, prefix: str) -> None:
+    def __init__(self, base: PoolSpec, model: ModelSpec, workload: WorkloadSpec | Workload, prefix: str,
+                 pool_factory: Callable[[PoolSpec, str], Any] = RayPool) -> None:
         # built here from the (small) spec: a restarted manager needs nothing from the object store
         self.workload = Workload.from_spec(workload) if isinstance(workload, WorkloadSpec) else workload
         self.base = base
         self.model = model
         self.prefix = prefix
-        self.pool: RayPool | None = None
+        self.pool_factory = pool_factory
+        self.pool: Any = None
         self.key: tuple | None = None
         self.topologies_started = 0
-        self.standalone_cache: dict[tuple, list[float]] = {}
+        self.actors_adopted = 0
+        self.standalone_cache = StandaloneCache()
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
                 ) -> tuple[PoolSpec, list[Any]]:
         spec = regroup(self.base, pool_params)
-        key = tuple((e.name, e.kind, e.cores, e.gpu, e.node) for e in spec.executors)
+        key = tuple(identity(e) for e in spec.executors)
         if key != self.key or self.pool is None:
-            if self.pool is not None:
-                self.pool.shutdown()
-            self.pool = RayPool(spec, f"{self.prefix}-t{self.topologies_started}")
-            self.pool.start(self.model, self.workload)
+            kept = self.pool.release(set(key)) if self.pool is not None else {}
+            self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
+            self.pool.start(self.model, self.workload, adopt=kept)
             self.key = key
             self.topologies_started += 1
+            self.actors_adopted += len(kept)
         self.pool.configure(exec_params)
         return self.pool.spec, list(self.pool.actors)
 
@@ -58,20 +107,28 @@ class PoolManager:
         if self.pool is not None and indices:
             self.pool.replace(indices)
 
-    def standalone(self, seconds: float, max_images: int) -> list[float]:
-        """Standalone throughputs of the live topology, measured once per executor configuration."""
+    def standalone(self, seconds: float, max_images: int | None) -> list[float]:
+        """Standalone throughputs of the live topology's executors: one measurement per executor
+        class and configuration (on its first executor), cached for the whole tune."""
         assert self.pool is not None, "acquire() first"
-        key = (self.key, tuple(tuple(sorted(e.executor_params().items())) for e in self.pool.spec.executors),
-               max_images)
-        if key not in self.standalone_cache:
-            self.standalone_cache[key] = self.pool.standalone_ips(seconds, max_images)
-        return self.standalone_cache[key]
+        return self.standalone_cache.measure(self.pool, seconds, max_images)
+
+    def known_standalone(self, index: int) -> float | None:
+        """A cached standalone throughput of the live topology's executor ``index`` (any unit
+        cap), or None: lets a trial see in advance that it cannot finish in time."""
+        assert self.pool is not None, "acquire() first"
+        if not 0 <= index < len(self.pool.spec.executors):
+            return None  # the strategy's own check reports the bad index
+        return self.standalone_cache.known(self.pool.spec.executors[index])
+
+    def stats(self) -> dict[str, int]:
+        return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
+                "standalone_measured": len(self.standalone_cache)}
 
     def calibrate(self, seconds: float) -> float:
         """Sum of standalone throughputs of the base topology at its own params (images/s)."""
         self.acquire({}, {})
-        assert self.pool is not None
-        return float(sum(self.pool.standalone_ips(seconds)))
+        return float(sum(self.standalone(seconds, None)))
 
     def shutdown(self) -> None:
         if self.pool is not None:

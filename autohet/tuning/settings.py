@@ -30,7 +30,7 @@ class TuneSettings:
     standalone_seconds: float = 0.5
     search_spaces: str = "search_spaces"
     latency_runs: int = 50
-    trial_timeout_s: float | str = "auto"  # auto: max(60 s, 10x the expected run time)
+    trial_timeout_s: float | str = "auto"  # auto: max(20 s, 10x the expected run time)
 
     def validate(self) -> TuneSettings:
         if self.objective not in ("throughput", "latency"):
@@ -58,7 +58,7 @@ class TuneSettings:
         if self.trial_timeout_s != "auto":
             return float(self.trial_timeout_s)
         expected = images / limit_ips if limit_ips > 0 else 60.0
-        return max(60.0, 10.0 * expected)
+        return max(20.0, 10.0 * expected)
 
     @property
     def strategy_list(self) -> list[str] | None:

@@ -35,7 +35,7 @@ from autohet.yaml_files import read_yaml_mapping
 __all__ = ["Dim", "SearchSpace", "SpaceContext", "load_search_space"]
 
 _TYPES = ("int", "float", "categorical", "pool_index", "weights", "block_devices")
-_POOL_DIMS = ("cpu_group_size",)
+_POOL_DIMS = ("cpu_group_size", "max_cpu_groups")
 _BLOCK_GATE = ("start", "given")  # block_devices without ``when``: only for a given start
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,8 +75,21 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
     strategy, params, exec_params, pool_params = SearchSpace.decode(config)
     manager = ray.get_actor(setup.manager_name, namespace="autohet")
+    phases = {"time.acquire_s": 0.0, "time.standalone_s": 0.0}  # where a trial's seconds go
+    started = time.perf_counter()
+
     def standalone(pool: Any, share: int) -> list[float]:
-        return ray.get(manager.standalone.remote(setup.standalone_seconds, share))
+        t0 = time.perf_counter()
+        try:
+            return ray.get(manager.standalone.remote(setup.standalone_seconds, share))
+        finally:
+            phases["time.standalone_s"] += time.perf_counter() - t0
+
+    def timed(result: dict[str, Any]) -> dict[str, Any]:
+        phases["time.trial_s"] = time.perf_counter() - started
+        phases["time.run_s"] = phases["time.trial_s"] - phases["time.acquire_s"] - phases["time.standalone_s"]
+        result.update(phases)
+        return result
 
     ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
                      objective=setup.objective, latency_runs=setup.latency_runs, standalone_provider=standalone,
@@ -83,19 +97,22 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                      _reference=dict(setup.reference))
     try:
         spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))
+        phases["time.acquire_s"] = time.perf_counter() - started
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
+        _refuse_hopeless_single(strategy, params, manager, setup)
         pool = RayPool.attached(spec, actors, (setup.model, setup.workload.images))
         m = run_strategy(strategy, params, pool, ctx)
     except RunTimeout as exc:  # cut: replace the executors still busy with the abandoned work
         ray.get(manager.replace.remote(exc.busy))
         result = _invalid(setup.objective, str(exc))
         result.update(strategy=strategy, params_json=json.dumps(params), timed_out=1)
-        return result
+        return timed(result)
     except UserError as exc:
         result = _invalid(setup.objective, str(exc))
         result.update(strategy=strategy, params_json=json.dumps(params))
-        return result
+        return timed(result)
+    m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
                            executor_params=exec_params, objective=setup.objective,
@@ -109,7 +126,24 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                   config_yaml=yaml.safe_dump(config_out.to_dict(), sort_keys=False))
     if not m.output_ok:
         result["error"] = "; ".join(m.failures)[:500]
-    return result
+    return timed(result)
+
+
+def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup) -> None:
+    """A `single` trial on an executor already measured too slow to finish before the trial
+    deadline is refused at once (e.g. 20000 images on one CPU core of a GPU machine), instead
+    of running until it is cut and its actor replaced."""
+    import ray
+
+    if strategy != "single" or setup.deadline_s is None or setup.objective != "throughput":
+        return
+    index = params.get("executor")
+    if not isinstance(index, int):
+        return
+    speed = ray.get(manager.known_standalone.remote(index))
+    if speed and setup.workload.images / speed > setup.deadline_s:
+        raise UserError(f"single on executor {index} would take ~{setup.workload.images / speed:.0f} s at its "
+                        f"measured {speed:.4g} img/s, more than the trial deadline of {setup.deadline_s:.0f} s")
 
 
 def tune_entry(config: dict[str, Any], setup: TrialSetup) -> None:

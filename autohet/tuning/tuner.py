@@ -110,9 +110,16 @@ class _Progress:
         self.start = time.time()
         self.best: tuple[float, str] | None = None
         self.tty = sys.stderr.isatty()
+        self.seconds: dict[str, float] = {}  # summed trial phases (time.*), and MLflow logging
+        self.cut = 0
 
-    def update(self, result: dict[str, Any]) -> None:
+    def update(self, result: dict[str, Any], logging_s: float = 0.0) -> None:
         self.done += 1
+        for key, value in result.items():
+            if key.startswith("time.") and isinstance(value, int | float):
+                self.seconds[key[5:]] = self.seconds.get(key[5:], 0.0) + float(value)
+        self.seconds["mlflow_log_s"] = self.seconds.get("mlflow_log_s", 0.0) + logging_s
+        self.cut += int(result.get("timed_out", 0))
         if result.get("valid"):
             value = float(result["objective_value"])
             better = self.best is None or (value > self.best[0] if self.objective == "throughput"
@@ -126,6 +133,17 @@ class _Progress:
             "" if result.get("valid") else " (invalid)")
         print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
               flush=True)
+
+    def breakdown(self, manager_stats: dict[str, int]) -> str:
+        """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,
+        set-up, export), and how often executors were started."""
+        wall = time.time() - self.start
+        parts = [f"{name.removesuffix('_s')} {secs:.0f} s" for name, secs in self.seconds.items() if name != "trial_s"]
+        rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)
+        return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s; "
+                f"{manager_stats.get('topologies_started', 0)} executor topologies started "
+                f"({manager_stats.get('actors_adopted', 0)} actors kept across them), "
+                f"{manager_stats.get('standalone_measured', 0)} standalone measurements, {self.cut} trials cut")
 
 
 def _callbacks(logger: Any, progress: _Progress, logged: set[str]):
@@ -142,8 +160,9 @@ def _callbacks(logger: Any, progress: _Progress, logged: set[str]):
             if trial.trial_id in logged:
                 return
             logged.add(trial.trial_id)
+            t0 = time.perf_counter()
             logger.log(progress.done + 1, trial.config, result, trial.trial_id)
-            progress.update(result)
+            progress.update(result, time.perf_counter() - t0)
 
         def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
             self._log(trial, result)
@@ -288,13 +307,15 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             tuner = tune.Tuner(
                 trainable,
                 tune_config=tune.TuneConfig(search_alg=searcher, num_samples=settings.trials,
-                                            time_budget_s=budget, max_concurrent_trials=1),
+                                            time_budget_s=budget, max_concurrent_trials=1,
+                                            reuse_actors=True),  # one trial process for all: no import per trial
                 run_config=tune.RunConfig(name="tune", storage_path=str(exp_dir), callbacks=callbacks,
                                           verbose=0, log_to_file=True),
             )
         tuner.fit()
         if sys.stderr.isatty():
             print(file=sys.stderr)
+        print(progress.breakdown(ray.get(manager.stats.remote())), file=sys.stderr, flush=True)
         outcome = finish_tune(client, experiment, experiment_id, parent_id, settings.objective, exp_dir, platform)
         client.set_terminated(parent_id, "FINISHED")
         return outcome
@@ -308,11 +329,21 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
 
 def _max_pool_size(pool: PoolSpec, space: SearchSpace, pool_dims: bool) -> int:
     """Executors in the largest topology the space can ask for (sizes pool_index and weights)."""
-    if not pool_dims or "cpu_group_size" not in space.pool:
+    if not pool_dims or not set(space.pool) & {"cpu_group_size", "max_cpu_groups"}:
         return len(pool.executors)
+    import itertools
+
     from autohet.tuning.manager import regroup
 
-    return max(len(regroup(pool, {"cpu_group_size": g}).executors) for g in space.pool["cpu_group_size"].choices)
+    def values(name: str) -> list[Any]:
+        dim = space.pool.get(name)
+        if dim is None:
+            return [None]
+        return list(dim.choices) if dim.type == "categorical" else list(range(int(dim.low), int(dim.high) + 1))
+
+    choices = {name: values(name) for name in ("cpu_group_size", "max_cpu_groups")}
+    return max(len(regroup(pool, dict(zip(choices, combo, strict=True))).executors)
+               for combo in itertools.product(*choices.values()))
 
 
 def summarize(runs: list[Any], objective: str) -> list[dict[str, Any]]:

@@ -1,0 +1,109 @@
+"""The tune's PoolManager without Ray: actors kept across topologies, standalone measured per class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import autohet.pool.spec as pool_spec_module
+from autohet.models import ModelSpec
+from autohet.pool import PoolSpec, identity, load_pool
+from autohet.tuning.manager import PoolManager, executor_class
+from autohet.workload import Workload
+
+
+class FakePool:
+    """Records what the manager asks of a pool; 'actors' are strings naming the executor and pool."""
+
+    made: list[FakePool] = []
+
+    def __init__(self, spec: PoolSpec, prefix: str) -> None:
+        self.spec, self.prefix = spec, prefix
+        self.actors: list[Any] = []
+        self.adopted: dict[tuple, Any] = {}
+        self.measured: list[list[int]] = []
+        self.released = False
+        FakePool.made.append(self)
+
+    def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
+        self.adopted = dict(adopt or {})
+        self.actors = [self.adopted.get(identity(e), f"{self.prefix}/{e.name}") for e in self.spec.executors]
+
+    def release(self, keep: set[tuple]) -> dict[tuple, Any]:
+        self.released = True
+        return {identity(e): a for e, a in zip(self.spec.executors, self.actors, strict=True) if identity(e) in keep}
+
+    def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
+        self.spec = self.spec.with_executor_params(by_kind)
+
+    def standalone_ips(self, seconds: float, max_images: int | None = None,
+                       indices: list[int] | None = None) -> list[float]:
+        assert indices is not None, "the manager measures chosen executors only"
+        self.measured.append(list(indices))
+        execs = self.spec.executors
+        return [1000.0 * execs[i].batch if execs[i].kind == "gpu" else 10.0 * len(execs[i].cores) for i in indices]
+
+
+@pytest.fixture
+def nine_core_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> PoolSpec:
+    """auto on a pretend 9-core machine with one GPU: gpu0 fed by core 0, eight one-core groups."""
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(9)), raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 1)
+    FakePool.made = []
+    return load_pool("actors/auto.yaml")
+
+
+def _manager(base: PoolSpec) -> PoolManager:
+    workload = Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64)
+    return PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool)
+
+
+def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_machine: PoolSpec) -> None:
+    base = nine_core_gpu_machine
+    assert [e.cores for e in base.executors] == [(0,)] + [(c,) for c in range(1, 9)]
+    manager = _manager(base)
+    assert manager.calibrate(0.1) == 1000.0 * 256 + 8 * 10.0
+    pool = FakePool.made[-1]
+    assert pool.measured == [[0, 1]]  # the GPU, and the first of the eight identical CPU groups
+    assert manager.standalone(0.1, None) == [256000.0] + [10.0] * 8
+    assert pool.measured == [[0, 1]]  # cached
+    assert manager.known_standalone(3) == 10.0 and manager.known_standalone(99) is None
+    manager.acquire({}, {"gpu": {"batch": 128}})
+    manager.standalone(0.1, None)
+    assert pool.measured[-1] == [0]  # only the executor whose configuration changed
+
+
+def test_topology_change_keeps_shared_executors_and_their_measurements(nine_core_gpu_machine: PoolSpec) -> None:
+    manager = _manager(nine_core_gpu_machine)
+    manager.calibrate(0.1)
+    first = FakePool.made[-1]
+    spec, actors = manager.acquire({"cpu_group_size": 4}, {})
+    second = FakePool.made[-1]
+    assert first.released and second is not first
+    assert [e.cores for e in spec.executors] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8)]
+    assert actors[0] == first.actors[0]  # the GPU executor's actor survives the regrouping
+    assert set(second.adopted) == {identity(spec.executors[0])}
+    assert manager.standalone(0.1, None) == [256000.0, 40.0, 40.0]
+    assert second.measured == [[1]]  # the GPU's figure came from the cache
+    assert manager.stats() == {"topologies_started": 2, "actors_adopted": 1, "standalone_measured": 3}
+    manager.acquire({"cpu_group_size": 4}, {})
+    assert FakePool.made[-1] is second  # same topology: same pool
+
+
+def test_executor_class_ignores_name_and_which_cores() -> None:
+    base = load_pool("actors/cpu2.yaml")
+    a, b = base.executors[:2]
+    assert a.cores != b.cores and executor_class(a) == executor_class(b)
+    assert executor_class(a) != executor_class(a.with_params({"batch": a.batch * 2}))
+
+
+def test_regroup_applies_group_size_and_group_count(nine_core_gpu_machine: PoolSpec) -> None:
+    from autohet.tuning.manager import regroup
+
+    spec = regroup(nine_core_gpu_machine, {"cpu_group_size": 2, "max_cpu_groups": 2})
+    assert [(e.kind, e.cores) for e in spec.executors] == [("gpu", (0,)), ("cpu", (1, 2)), ("cpu", (3, 4))]
+    assert regroup(nine_core_gpu_machine, {}) is nine_core_gpu_machine
+    explicit = load_pool("actors/cpu2.yaml")
+    assert regroup(explicit, {"cpu_group_size": 2}) is explicit  # explicit pools keep their groups
