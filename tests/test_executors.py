@@ -131,3 +131,19 @@ def test_standalone_counts_every_unit_it_launched(lenet_workload):
     assert ips > 0
     assert calls[0] == (0, 16)  # untimed warm-up unit
     assert [s for _, s in calls[1:]] == [16] * 4  # the 64-image cap, not the 60 s
+
+
+def test_standalone_of_a_slow_synchronous_executor_runs_one_batch_when_warm(lenet_workload):
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    calls: list[int] = []
+    run = ex.run
+    ex.run = lambda start, size: calls.append(size) or run(start, size)  # type: ignore[method-assign]
+    ex.standalone_ips(min_seconds=0.0)  # cold: one untimed warm-up batch, then one timed batch
+    assert calls == [32, 32]
+    calls.clear()
+    ex.configure({"batch": 16})
+    ex.run_ahead(0, 48, None)  # a trial's run at the new batch warms it
+    calls.clear()
+    ex.standalone_ips(min_seconds=0.0)
+    assert calls == [16]  # no warm-up, and no second unit once min_seconds have passed

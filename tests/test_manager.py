@@ -55,9 +55,11 @@ def nine_core_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> PoolSpec:
     return load_pool("actors/auto.yaml")
 
 
-def _manager(base: PoolSpec) -> PoolManager:
+def _manager(base: PoolSpec, killed: list | None = None, max_live_actors: int | None = None) -> PoolManager:
     workload = Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64)
-    return PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool)
+    sink = killed if killed is not None else []
+    return PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool, kill=sink.append,
+                       max_live_actors=max_live_actors)
 
 
 def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_machine: PoolSpec) -> None:
@@ -75,21 +77,54 @@ def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_mach
     assert pool.measured[-1] == [0]  # only the executor whose configuration changed
 
 
-def test_topology_change_keeps_shared_executors_and_their_measurements(nine_core_gpu_machine: PoolSpec) -> None:
-    manager = _manager(nine_core_gpu_machine)
+def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machine: PoolSpec) -> None:
+    killed: list = []
+    manager = _manager(nine_core_gpu_machine, killed, max_live_actors=64)
     manager.calibrate(0.1)
     first = FakePool.made[-1]
     spec, actors = manager.acquire({"cpu_group_size": 4}, {})
     second = FakePool.made[-1]
-    assert first.released and second is not first
+    assert second is not first and not killed  # the one-core groups stay alive, idle
     assert [e.cores for e in spec.executors] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8)]
-    assert actors[0] == first.actors[0]  # the GPU executor's actor survives the regrouping
+    assert actors[0] == first.actors[0]  # the GPU executor's actor serves both topologies
     assert set(second.adopted) == {identity(spec.executors[0])}
     assert manager.standalone(0.1, None) == [256000.0, 40.0, 40.0]
     assert second.measured == [[1]]  # the GPU's figure came from the cache
-    assert manager.stats() == {"topologies_started": 2, "actors_adopted": 1, "standalone_measured": 3}
     manager.acquire({"cpu_group_size": 4}, {})
     assert FakePool.made[-1] is second  # same topology: same pool
+    _, back = manager.acquire({}, {})  # the first topology again: every actor found alive
+    assert back == first.actors and len(FakePool.made[-1].adopted) == 9
+    assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
+                               "standalone_measured": 3}
+
+
+def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
+    killed: list = []
+    manager = _manager(nine_core_gpu_machine, killed)
+    _, actors = manager.acquire({}, {})
+    manager.replace([2, 3])
+    assert killed == [actors[2], actors[3]]
+    _, again = manager.acquire({}, {})
+    fresh = FakePool.made[-1]
+    assert len(fresh.adopted) == 7 and again[2] != actors[2] and again[4] == actors[4]
+
+
+def test_least_recently_used_idle_actors_are_ended_above_the_cap(nine_core_gpu_machine: PoolSpec) -> None:
+    killed: list = []
+    manager = _manager(nine_core_gpu_machine, killed, max_live_actors=5)
+    _, one_core = manager.acquire({}, {})  # 9 actors: over the cap, but all in use
+    assert not killed
+    manager.acquire({"cpu_group_size": 4}, {})  # gpu + 2 groups in use: 6 of the 8 idle one-core groups go
+    assert len(killed) == 6 and set(killed) <= set(one_core[1:]) and len(manager.live) == 5
+
+
+def test_the_fastest_valid_run_is_remembered() -> None:
+    manager = PoolManager(load_pool("actors/cpu2.yaml"), ModelSpec("lenet"),
+                          Workload(np.zeros((1, 1, 28, 28), dtype=np.float32), 8), "t", pool_factory=FakePool)
+    assert manager.fastest_wall() is None
+    for wall in (2.0, 0.5, 1.0):
+        manager.record_wall(wall)
+    assert manager.fastest_wall() == 0.5
 
 
 def test_executor_class_ignores_name_and_which_cores() -> None:

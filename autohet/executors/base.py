@@ -102,6 +102,7 @@ class Executor(ABC):
         self.spec = spec
         self.model_spec = model
         self.workload: Workload | None = None
+        self.warm_units: set[int] = set()  # unit sizes run since the last (re)configuration
 
     @abstractmethod
     def load(self, workload: Workload) -> None:
@@ -121,6 +122,8 @@ class Executor(ABC):
 
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs a unit, told which one comes next (asynchronous executors queue it before waiting)."""
+        if size >= self.spec.batch:  # full batches of this shape ran: standalone needs no warm-up
+            self.warm_units.add(self.standalone_unit())
         return self.run(start, size)
 
     def configure(self, params: dict[str, Any]) -> None:
@@ -128,6 +131,7 @@ class Executor(ABC):
         new = self.spec.with_params(params)
         if new != self.spec:
             self.spec = new
+            self.warm_units = set()
             if self.workload is not None:
                 self.load(self.workload)
 
@@ -135,24 +139,29 @@ class Executor(ABC):
         """Throughput running alone: units of one batch until ``min_seconds`` pass or ``max_images`` ran.
 
         ``max_images`` (the executor's fair share of a run) keeps big models on slow devices from
-        spending minutes here; at least one unit always runs.
+        spending minutes here; at least one unit always runs. The untimed warm-up unit is skipped
+        when units of this size already ran since the last (re)configuration (a trial's run just
+        did), and a synchronous executor starts no further unit once ``min_seconds`` have passed.
         """
         assert self.workload is not None, "load() first"
         unit = max(1, min(self.standalone_unit(), max_images or self.standalone_unit()))
-        self.collect(self.launch(0, unit))  # untimed: the first call at a new shape pays one-off costs
-        done, launched, elapsed = 0, unit, 0.0
+        if unit not in self.warm_units:
+            self.collect(self.launch(0, unit))  # untimed: the first call at a new shape pays one-off costs
+            self.warm_units.add(unit)
+        done, launched = 0, unit
         start = time.perf_counter()
         pending = self.launch(0, unit)
         while pending is not None:
             # the next unit is queued before this one is collected, as two calls in flight on an actor
+            # (a synchronous executor has already run ``pending`` by now, so its time counts here)
+            elapsed = time.perf_counter() - start
             more = elapsed < min_seconds and (max_images is None or launched < max_images)
             following = self.launch(launched % self.workload.images, unit) if more else None
             launched += unit if more else 0
             self.collect(pending)
             done += unit
-            elapsed = time.perf_counter() - start
             pending = following
-        return done / elapsed
+        return done / (time.perf_counter() - start)
 
     def standalone_unit(self) -> int:
         """Images per call when measuring standalone throughput (one batch; GPUs override)."""

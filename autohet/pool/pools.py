@@ -116,10 +116,11 @@ class VirtualPool(Pool):
 class RayPool(Pool):
     """One Ray actor per executor, created once and reused by every run of the same model."""
 
-    def __init__(self, spec: PoolSpec, name_prefix: str | None = None) -> None:
+    def __init__(self, spec: PoolSpec, name_prefix: str | None = None, reserve_cpus: bool = True) -> None:
         super().__init__(spec)
         self.actors: list[Any] = []
         self.name_prefix = name_prefix
+        self.reserve_cpus = reserve_cpus
         self.workload_ref: Any = None
 
     @classmethod
@@ -175,7 +176,8 @@ class RayPool(Pool):
         from autohet.pool.ray_pool import ExecutorActor, actor_options
 
         name = f"{self.name_prefix}-{spec.name}{suffix}" if self.name_prefix else None
-        return ray.remote(ExecutorActor).options(**actor_options(spec, name)).remote(spec, model)
+        opts = actor_options(spec, name, self.reserve_cpus)
+        return ray.remote(ExecutorActor).options(**opts).remote(spec, model)
 
     def dispatcher(self) -> Dispatcher:
         from autohet.pool.ray_pool import RayDispatcher

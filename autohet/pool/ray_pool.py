@@ -59,9 +59,11 @@ def _node_id(node: str) -> str:
                     "a node ID or a node IP")
 
 
-def actor_options(spec: ExecutorSpec, name: str | None = None) -> dict[str, Any]:
-    """Ray resources and placement for one executor."""
-    opts: dict[str, Any] = {"num_cpus": len(spec.cores) if spec.kind != "sim" else 0,
+def actor_options(spec: ExecutorSpec, name: str | None = None, reserve_cpus: bool = True) -> dict[str, Any]:
+    """Ray resources and placement for one executor. ``reserve_cpus=False`` (the tuner's idle
+    topologies kept alive) claims no Ray CPUs: the cores are pinned by the executor itself, and
+    the owner guarantees that only one topology runs at a time."""
+    opts: dict[str, Any] = {"num_cpus": len(spec.cores) if spec.kind != "sim" and reserve_cpus else 0,
                             "num_gpus": 1 if spec.kind == "gpu" or spec.needs_gpu else 0,
                             "max_restarts": 0, "max_concurrency": 1}
     if spec.node is not None:

@@ -2,8 +2,9 @@
 
 Trials run in Ray Tune's worker processes; they ask the manager (a Ray actor holding no
 devices) for the actor handles of the topology a trial wants, with that trial's executor
-parameters applied. Only one topology lives at a time: devices are never shared by two. When
-the topology changes, executors present in both (a GPU with its feeding core) keep their actor.
+parameters applied. Only one topology runs at a time: devices are never shared by two runs.
+Executors present in two topologies (a GPU with its feeding core) keep one actor, and the
+actors of a topology the tuner left stay alive for when it comes back.
 
 Standalone throughputs (the limit) are measured once per executor *class* and configuration:
 executors of the same kind, core count, GPU, node and parameters (the 15 one-core groups of a
@@ -14,6 +15,8 @@ slow CPU groups one by one into seconds.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -72,40 +75,79 @@ def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
 
 
 class PoolManager:
-    """Plain class (wrapped by ray.remote in the tuner): owns at most one live RayPool."""
+    """Plain class (wrapped by ray.remote in the tuner): the tune's executors, across topologies.
+
+    Actors are kept by executor identity: a topology that comes back (the tuner revisits a
+    cpu_group_size) finds its actors alive and loaded. Idle topologies claim no Ray CPUs (only
+    one topology runs at a time); at most ``max_live_actors`` are kept, least recently used
+    ended first.
+    """
 
     def __init__(self, base: PoolSpec, model: ModelSpec, workload: WorkloadSpec | Workload, prefix: str,
-                 pool_factory: Callable[[PoolSpec, str], Any] = RayPool) -> None:
+                 pool_factory: Callable[[PoolSpec, str], Any] | None = None,
+                 kill: Callable[[Any], None] | None = None, max_live_actors: int | None = None) -> None:
         # built here from the (small) spec: a restarted manager needs nothing from the object store
         self.workload = Workload.from_spec(workload) if isinstance(workload, WorkloadSpec) else workload
         self.base = base
         self.model = model
         self.prefix = prefix
-        self.pool_factory = pool_factory
+        self.pool_factory = pool_factory or (lambda spec, name: RayPool(spec, name, reserve_cpus=False))
+        self.kill = kill or _kill_actor
+        self.max_live_actors = max_live_actors or 4 * (os.cpu_count() or 1)
         self.pool: Any = None
         self.key: tuple | None = None
+        self.live: dict[tuple, Any] = {}  # executor identity -> loaded actor
+        self.last_used: dict[tuple, int] = {}
+        self.acquires = 0
         self.topologies_started = 0
         self.actors_adopted = 0
+        self.actors_replaced = 0
+        self.best_wall: float | None = None
         self.standalone_cache = StandaloneCache()
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
                 ) -> tuple[PoolSpec, list[Any]]:
         spec = regroup(self.base, pool_params)
         key = tuple(identity(e) for e in spec.executors)
+        self.acquires += 1
         if key != self.key or self.pool is None:
-            kept = self.pool.release(set(key)) if self.pool is not None else {}
+            adopt = {i: self.live[i] for i in key if i in self.live}
             self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
-            self.pool.start(self.model, self.workload, adopt=kept)
+            self.pool.start(self.model, self.workload, adopt=adopt)
+            self.pool.owned = False  # its actors are the manager's to end
+            self.live.update(zip(key, self.pool.actors, strict=True))
             self.key = key
             self.topologies_started += 1
-            self.actors_adopted += len(kept)
+            self.actors_adopted += len(adopt)
+        self.last_used.update(dict.fromkeys(key, self.acquires))
+        self._evict(set(key))
         self.pool.configure(exec_params)
         return self.pool.spec, list(self.pool.actors)
 
+    def _evict(self, current: set[tuple]) -> None:
+        extra = len(self.live) - self.max_live_actors
+        idle = sorted((i for i in self.live if i not in current), key=lambda i: self.last_used.get(i, 0))
+        for ident in idle[: max(0, extra)]:
+            self.kill(self.live.pop(ident))
+
     def replace(self, indices: list[int]) -> None:
-        """Fresh actors for executors abandoned mid-unit by a cut trial (same spec and params)."""
-        if self.pool is not None and indices:
-            self.pool.replace(indices)
+        """Ends the executors a cut trial left busy with abandoned work; fresh ones are started
+        when a trial next needs them."""
+        if self.pool is None or not indices:
+            return
+        for i in indices:
+            actor = self.live.pop(identity(self.pool.spec.executors[i]), None)
+            if actor is not None:
+                self.kill(actor)
+        self.actors_replaced += len(indices)
+        self.pool, self.key = None, None
+
+    def record_wall(self, wall_s: float) -> None:
+        """The run time of a valid trial (all trials run the same images): the fastest sets the cut."""
+        self.best_wall = wall_s if self.best_wall is None else min(self.best_wall, wall_s)
+
+    def fastest_wall(self) -> float | None:
+        return self.best_wall
 
     def standalone(self, seconds: float, max_images: int | None) -> list[float]:
         """Standalone throughputs of the live topology's executors: one measurement per executor
@@ -123,7 +165,7 @@ class PoolManager:
 
     def stats(self) -> dict[str, int]:
         return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
-                "standalone_measured": len(self.standalone_cache)}
+                "actors_replaced": self.actors_replaced, "standalone_measured": len(self.standalone_cache)}
 
     def calibrate(self, seconds: float) -> float:
         """Sum of standalone throughputs of the base topology at its own params (images/s)."""
@@ -131,7 +173,14 @@ class PoolManager:
         return float(sum(self.standalone(seconds, None)))
 
     def shutdown(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
-            self.key = None
+        for actor in self.live.values():
+            self.kill(actor)
+        self.live.clear()
+        self.pool, self.key = None, None
+
+
+def _kill_actor(actor: Any) -> None:
+    import ray
+
+    with contextlib.suppress(Exception):  # already dead
+        ray.kill(actor)

@@ -31,6 +31,7 @@ class TuneSettings:
     search_spaces: str = "search_spaces"
     latency_runs: int = 50
     trial_timeout_s: float | str = "auto"  # auto: max(20 s, 10x the expected run time)
+    cut_factor: float = 4.0  # throughput: cut a run longer than this x the fastest valid run so far (0: never)
 
     def validate(self) -> TuneSettings:
         if self.objective not in ("throughput", "latency"):
@@ -49,6 +50,12 @@ class TuneSettings:
                 ok = False
             if not ok:
                 raise UserError(f"trial_timeout_s must be 'auto' or positive seconds, got {self.trial_timeout_s!r}")
+        try:
+            ok = float(self.cut_factor) == 0 or float(self.cut_factor) >= 1
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise UserError(f"cut_factor must be 0 (never cut) or at least 1, got {self.cut_factor!r}")
         if isinstance(self.strategies, str) and self.strategies != "all":
             self.strategies = [s.strip() for s in self.strategies.split(",") if s.strip()]
         return self

@@ -36,6 +36,7 @@ class TrialSetup:
     standalone_seconds: float
     latency_runs: int
     deadline_s: float | None = None
+    cut_factor: float = 0.0
     workload_seed: int = 0
     npy: str | None = None
     reference: dict[str, np.ndarray] = field(default_factory=dict)
@@ -95,6 +96,11 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                      objective=setup.objective, latency_runs=setup.latency_runs, standalone_provider=standalone,
                      deadline_s=setup.deadline_s,
                      _reference=dict(setup.reference))
+    cut = _cut_deadline(manager, setup)
+    if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
+        ctx.deadline_s = cut
+    else:
+        cut = None
     try:
         spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))
         phases["time.acquire_s"] = time.perf_counter() - started
@@ -105,7 +111,10 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         m = run_strategy(strategy, params, pool, ctx)
     except RunTimeout as exc:  # cut: replace the executors still busy with the abandoned work
         ray.get(manager.replace.remote(exc.busy))
-        result = _invalid(setup.objective, str(exc))
+        message = str(exc) if cut is None else (
+            f"cut at {cut:.1f} s: slower than 1/{setup.cut_factor:g} of the fastest valid trial so far "
+            f"(cut_factor {setup.cut_factor:g})")
+        result = _invalid(setup.objective, message)
         result.update(strategy=strategy, params_json=json.dumps(params), timed_out=1)
         return timed(result)
     except UserError as exc:
@@ -113,6 +122,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         result.update(strategy=strategy, params_json=json.dumps(params))
         return timed(result)
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
+    if m.output_ok:
+        ray.get(manager.record_wall.remote(m.wall_s))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
                            executor_params=exec_params, objective=setup.objective,
@@ -127,6 +138,21 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     if not m.output_ok:
         result["error"] = "; ".join(m.failures)[:500]
     return timed(result)
+
+
+# The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
+CUT_FLOOR_S = 5.0
+
+
+def _cut_deadline(manager: Any, setup: TrialSetup) -> float | None:
+    """Throughput trials all run the same images, so a run ``cut_factor`` times longer than the
+    fastest valid run so far is that much slower: it is cut there instead of run to the end."""
+    import ray
+
+    if setup.objective != "throughput" or not setup.cut_factor:
+        return None
+    fastest = ray.get(manager.fastest_wall.remote())
+    return None if fastest is None else max(CUT_FLOOR_S, setup.cut_factor * fastest)
 
 
 def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup) -> None:

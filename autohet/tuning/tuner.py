@@ -142,7 +142,8 @@ class _Progress:
         rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)
         return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s; "
                 f"{manager_stats.get('topologies_started', 0)} executor topologies started "
-                f"({manager_stats.get('actors_adopted', 0)} actors kept across them), "
+                f"({manager_stats.get('actors_adopted', 0)} actors reused from earlier ones, "
+                f"{manager_stats.get('actors_replaced', 0)} replaced after cuts), "
                 f"{manager_stats.get('standalone_measured', 0)} standalone measurements, {self.cut} trials cut")
 
 
@@ -252,6 +253,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
         setup = TrialSetup(model, workload, settings.objective, manager_name, settings.check_images,
                            settings.standalone_seconds, settings.latency_runs, deadline_s=deadline_s,
+                           cut_factor=float(settings.cut_factor),
                            workload_seed=data_seed, npy=npy, reference=dict(ctx._reference))
 
         uri = settings.tracking_uri
