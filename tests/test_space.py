@@ -98,3 +98,17 @@ def test_bad_space_yaml_is_a_clear_error(tmp_path, text, fragment):
     with pytest.raises(UserError) as info:
         load_search_space(write(tmp_path, "bad.yaml", text))
     assert fragment in str(info.value)
+
+
+def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import PoolSpec
+
+    space = load_search_space("search_spaces")
+    mixed = PoolSpec("mixed", [ExecutorSpec("gpu0", "gpu", (0,), gpu=0, batch=256, precision="fp16"),
+                               ExecutorSpec("cpu0", "cpu", (1,), batch=16)])
+    singles = [p for p in initial_points(space, mixed) if p["strategy"] == "single"]
+    gpu = sorted(p["exec.gpu.batch"] for p in singles if p["single.executor"] == 0)
+    assert gpu == sorted(space.executors["gpu"]["batch"].choices)
+    assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
+    assert [p["single.executor"] for p in singles].count(1) == 1

@@ -65,7 +65,8 @@ def _fits(dim: Any, value: Any) -> bool:
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec) -> list[dict[str, Any]]:
-    """Single on the first executor of each device kind, then every strategy at its defaults."""
+    """Single on the first executor of each device kind (a GPU at each of its batch choices), then
+    every strategy at its defaults."""
     from autohet.strategies import get_strategy
 
     exec_defaults: dict[str, Any] = {}
@@ -81,6 +82,11 @@ def initial_points(space: SearchSpace, pool: PoolSpec) -> list[dict[str, Any]]:
         if (e.kind, e.threads) not in seen_kinds:
             seen_kinds.add((e.kind, e.threads))
             points.append({"strategy": "single", "single.executor": i, **exec_defaults})
+            # a GPU alone is the figure every mixed config must beat: try it at each batch choice
+            batch = space.executors.get(e.kind, {}).get("batch")
+            if e.kind == "gpu" and batch is not None and batch.type == "categorical":
+                points += [{"strategy": "single", "single.executor": i, **exec_defaults, "exec.gpu.batch": b}
+                           for b in batch.choices if b != exec_defaults.get("exec.gpu.batch")]
     for name, dims in space.strategies.items():
         if name == "single":
             continue
