@@ -24,16 +24,11 @@ class FakePool:
         self.actors: list[Any] = []
         self.adopted: dict[tuple, Any] = {}
         self.measured: list[list[int]] = []
-        self.released = False
         FakePool.made.append(self)
 
     def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
         self.adopted = dict(adopt or {})
         self.actors = [self.adopted.get(identity(e), f"{self.prefix}/{e.name}") for e in self.spec.executors]
-
-    def release(self, keep: set[tuple]) -> dict[tuple, Any]:
-        self.released = True
-        return {identity(e): a for e, a in zip(self.spec.executors, self.actors, strict=True) if identity(e) in keep}
 
     def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
         self.spec = self.spec.with_executor_params(by_kind)

@@ -153,22 +153,6 @@ class RayPool(Pool):
         self.adopted = len(self.actors) - len(fresh)
         self.started_for = (model, workload.images)
 
-    def release(self, keep: set[tuple]) -> dict[tuple, Any]:
-        """Ends this pool, killing every actor except those whose executor identity is in ``keep``;
-        returns those (identity -> actor) for the next pool to adopt."""
-        import ray
-
-        kept = {}
-        for spec, actor in zip(self.spec.executors, self.actors, strict=True):
-            if identity(spec) in keep:
-                kept[identity(spec)] = actor
-                continue
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(actor)
-        self.actors = []
-        self.started_for = None
-        return kept
-
     def _new_actor(self, spec: ExecutorSpec, model: ModelSpec, suffix: str) -> Any:
         """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""
         import ray
