@@ -48,6 +48,13 @@ GRID_STRATEGIES: list[tuple[str, dict]] = [
 ]
 
 
+def _context(model: ModelSpec, workload: Workload) -> RunContext:
+    """A run context whose limits are measured as the tune measures them (once per executor class)."""
+    cache = StandaloneCache()
+    return RunContext(model, workload, check_images=16, standalone_seconds=0.5,
+                      standalone_provider=lambda pool, share: cache.measure(pool, 0.5, share))
+
+
 def run_grid(model: str, pool_path: str, images: int, gpu_grid: list[dict],
              strategies: list[tuple[str, dict]], repeats: int = 0) -> tuple[list[dict], list[float]]:
     """The grid's rows, then ``repeats`` more runs of its best valid `single` point."""
@@ -60,9 +67,7 @@ def run_grid(model: str, pool_path: str, images: int, gpu_grid: list[dict],
     try:
         workload = Workload.from_spec(WorkloadSpec(images, input_shape(model)))
         pool.start(ModelSpec(model), workload)
-        cache = StandaloneCache()
-        ctx = RunContext(ModelSpec(model), workload, check_images=16, standalone_seconds=0.5,
-                         standalone_provider=lambda p, share: cache.measure(p, 0.5, share))
+        ctx = _context(ModelSpec(model), workload)
         for exec_params in gpu_grid:
             pool.configure({"gpu": exec_params} if exec_params else {})
             for strategy, params in strategies:
@@ -88,9 +93,7 @@ def rerun_config(path: Path, repeats: int) -> list[float]:
     pool = RayPool(config.pool)
     try:
         workload = Workload.from_spec(WorkloadSpec(config.images, input_shape(config.model.name)))
-        cache = StandaloneCache()
-        ctx = RunContext(config.model, workload, check_images=16, standalone_seconds=0.5,
-                         standalone_provider=lambda p, share: cache.measure(p, 0.5, share))
+        ctx = _context(config.model, workload)
         out = []
         for _ in range(repeats):
             m = run_strategy(config.strategy, config.params, pool, ctx)
