@@ -37,6 +37,7 @@ class RunContext:
     latency_runs: int = 50
     standalone_provider: Callable[[Pool, int], list[float]] | None = None
     deadline_s: float | None = None  # a data-parallel run that takes longer raises RunTimeout
+    lookahead: bool = True  # GPUs get their next unit while the current one drains (off: for A/B benches)
     _reference: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     def standalone(self, pool: Pool) -> list[float]:
@@ -51,7 +52,7 @@ class RunContext:
         """The same context over the first ``images`` images of the same bank (reference kept)."""
         return RunContext(self.model, Workload(self.workload.bank, images), self.check_images,
                           self.standalone_seconds, self.on_event, self.objective, self.latency_runs,
-                          self.standalone_provider, self.deadline_s, self._reference)
+                          self.standalone_provider, self.deadline_s, self.lookahead, self._reference)
 
     def reference(self, indices: np.ndarray, simulated: bool) -> np.ndarray:
         """Single-device fp32 CPU outputs for ``indices`` (cached per run context)."""

@@ -6,7 +6,8 @@ multi-device run's efficiency (throughput / the limit measured in the same run),
 the best multi-device throughput to the best single executor, and the run's profile: where the
 gap to the limit went (``Measurement.losses``, summed per executor kind, shares of the limit):
 idle before the first unit / between units / after the last, and ``slow`` (images short of the
-standalone speed while busy).
+standalone speed while busy). Each point runs with and without lookahead (the GPU's next unit
+queued while its current one drains), one after the other, so the two compare side by side.
 
     python -m bench.data_parallel                    # GPU machine
     python -m bench.data_parallel --max-cpu-groups 2 # leave the other cores to the host
@@ -67,6 +68,7 @@ def main() -> None:
                         "cores stay free for the driver, Ray and the GPU's feeding thread)")
     parser.add_argument("--grid", choices=["full", "small"], default="full",
                         help="small: only the per-executor-sized (unit=batches) points, hat and fifo")
+    parser.add_argument("--lookahead", default="on,off", help="on, off or on,off (both, side by side)")
     parser.add_argument("--out")
     args = parser.parse_args()
     init_ray()
@@ -84,6 +86,7 @@ def main() -> None:
                     for b in args.gpu_batches.split(",") for p in args.precisions.split(",")]
         grids = GRIDS if args.grid == "full" else SMALL_GRIDS
     print("pool:", ", ".join(f"{e.name} {e.device}" for e in pool_spec.executors), flush=True)
+    modes = [{"on": True, "off": False}[v] for v in args.lookahead.split(",")]
     gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.kind == "gpu"), 0)
     rows = []
     for name in models:
@@ -106,23 +109,26 @@ def main() -> None:
             assert best_single is not None
             pool.configure({"gpu": best_exec})
             best_multi = None
-            for strategy, grid in grids.items():
-                for params in grid:
-                    m = run_strategy(strategy, params, pool, ctx)
-                    loss = losses_by_kind(m, pool_spec)
-                    rows.append({"model": name, "strategy": strategy, "params": params, "gpu": best_exec,
-                                 "throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
-                                 "efficiency": m.efficiency, "output_ok": m.output_ok,
-                                 "vs_best_single": m.throughput_ips / best_single.throughput_ips,
-                                 "wall_s": m.wall_s, "standalone": [e.standalone_ips for e in m.executors],
-                                 "loss": loss})
-                    print(f"ROW {name} {strategy} {params} eff {m.efficiency:.3f} ips {m.throughput_ips:.0f} "
-                          f"limit {m.limit_ips:.0f} vs_single {rows[-1]['vs_best_single']:.3f} ok {m.output_ok} "
-                          f"wall {m.wall_s:.2f}s", flush=True)
-                    print("     loss " + "  ".join(f"{kind}: " + " ".join(f"{k} {v:.3f}" for k, v in parts.items())
-                                                  for kind, parts in loss.items()), flush=True)
-                    if m.output_ok and (best_multi is None or m.throughput_ips > best_multi["throughput_ips"]):
-                        best_multi = rows[-1]
+            points = [(s, p, a) for s, grid in grids.items() for p in grid for a in modes]
+            for strategy, params, ahead in points:
+                ctx.lookahead = ahead
+                m = run_strategy(strategy, params, pool, ctx)
+                loss = losses_by_kind(m, pool_spec)
+                rows.append({"model": name, "strategy": strategy, "params": params, "gpu": best_exec,
+                             "lookahead": ahead,
+                             "throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
+                             "efficiency": m.efficiency, "output_ok": m.output_ok,
+                             "vs_best_single": m.throughput_ips / best_single.throughput_ips,
+                             "wall_s": m.wall_s, "standalone": [e.standalone_ips for e in m.executors],
+                             "loss": loss})
+                print(f"ROW {name} {strategy} {params} lookahead {'on' if ahead else 'off'} "
+                      f"eff {m.efficiency:.3f} ips {m.throughput_ips:.0f} "
+                      f"limit {m.limit_ips:.0f} vs_single {rows[-1]['vs_best_single']:.3f} ok {m.output_ok} "
+                      f"wall {m.wall_s:.2f}s", flush=True)
+                print("     loss " + "  ".join(f"{kind}: " + " ".join(f"{k} {v:.3f}" for k, v in parts.items())
+                                              for kind, parts in loss.items()), flush=True)
+                if m.output_ok and (best_multi is None or m.throughput_ips > best_multi["throughput_ips"]):
+                    best_multi = rows[-1]
             rows.append({"model": name, "strategy": "BEST single", "params": best_exec, "gpu": best_exec,
                          "throughput_ips": best_single.throughput_ips, "limit_ips": best_single.limit_ips,
                          "efficiency": best_single.efficiency, "output_ok": best_single.output_ok,
@@ -132,7 +138,8 @@ def main() -> None:
         finally:
             pool.shutdown()
     emit("data-parallel efficiency and never-worse", rows,
-         ["model", "strategy", "params", "throughput_ips", "limit_ips", "efficiency", "vs_best_single", "output_ok"],
+         ["model", "strategy", "params", "lookahead", "throughput_ips", "limit_ips", "efficiency", "vs_best_single",
+          "output_ok"],
          args.out)
 
 

@@ -14,7 +14,8 @@ compared (tuned / best single executor).
 
 The grid measures standalone limits as the tune does (once per executor class and configuration).
 ``--phase tune`` / ``--phase grid`` with the same ``--work DIR`` split the two halves over two
-commands (each under a time limit); the second prints the comparison.
+commands (each under a time limit); the second prints the comparison. ``--grid singles`` keeps
+only the `single` points (goal 3 alone: the tuned config against the best single executor).
 """
 
 from __future__ import annotations
@@ -116,6 +117,9 @@ def main() -> None:
     parser.add_argument("--work", help="working folder (kept); default: a temporary one, removed at the end")
     parser.add_argument("--phase", choices=["all", "tune", "grid"], default="all")
     parser.add_argument("--time-budget", type=float, default=600.0, help="the tune's wall budget (s)")
+    parser.add_argument("--grid", choices=["full", "singles"], default="full",
+                        help="singles: only `single` over the batch x precision grid (goal 3's best single "
+                             "executor, without goal 4's strategy points)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
@@ -124,7 +128,7 @@ def main() -> None:
     else:
         gpu_grid = [{"batch": b, "precision": p, "channels_last": True}
                     for b in (128, 256, 512) for p in ("fp16", "bf16")]
-        strategies = GRID_STRATEGIES
+        strategies = GRID_STRATEGIES if args.grid == "full" else [("single", {})]
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="autohet-tune-speed-"))
     experiment = f"tune-speed-{args.model}"
     if args.phase in ("all", "tune"):

@@ -161,3 +161,63 @@ def test_a_new_topology_adopts_the_actors_it_shares_with_the_old_one(ray_local):
     finally:
         new.shutdown()
         old.shutdown()
+
+
+class _RecordingActor:
+    """Stands in for an executor actor in the dispatcher's protocol: each call is answered at once
+    (an object already in the store) and recorded with the part it announced as next."""
+
+    def __init__(self, ray) -> None:
+        self.ray = ray
+        self.calls: list[tuple[int, int, tuple[int, int] | None]] = []
+        self.run = self
+
+    def remote(self, start: int, size: int, following: tuple[int, int] | None = None):
+        from autohet.executors.sim import sim_outputs
+
+        self.calls.append((start, size, following))
+        return self.ray.put((sim_outputs(start, size), size / 1000.0))
+
+
+@pytest.mark.parametrize("lookahead", [True, False])
+def test_lookahead_calls_name_the_next_units_first_part(ray_local, lookahead):
+    """With lookahead the GPU's calls form one chain across unit boundaries (each names the call
+    after it); without it the chain breaks at every unit's last part."""
+    from autohet.pool.ray_pool import RayDispatcher
+    from autohet.strategies import get_strategy
+    from autohet.strategies._driver import drive
+
+    gpu, cpu = _RecordingActor(ray_local), _RecordingActor(ray_local)
+    disp = RayDispatcher(["gpu", "cpu"], [gpu, cpu], max_unit=[100, 40], lookahead=[True, False])
+    fifo = get_strategy("fifo")
+    result = drive(fifo, fifo.validate({"c": 250}), disp, 3000, lookahead=lookahead)
+    assert result.coverage.tolist() == [1] * 3000
+    assert np.array_equal(result.outputs[:, 0], np.arange(3000, dtype=np.float32))
+    chain = [(s, z) for s, z, _ in gpu.calls]
+    announced = [f for _, _, f in gpu.calls]
+    assert len(chain) >= 6
+    gpu_units = [u for u in result.timeline if u.executor == "gpu"]
+    assert len(gpu_units) >= 2
+    if lookahead:
+        assert announced[:-1] == chain[1:] and announced[-1] is None
+    else:  # every unit's last call announces nothing
+        assert announced.count(None) == len(gpu_units)
+    cpu_announced = [f for _, _, f in cpu.calls]
+    assert cpu_announced.count(None) == len([u for u in result.timeline if u.executor == "cpu"])
+
+
+def test_a_simulated_gpu_dying_with_its_next_unit_queued_loses_neither(ray_local):
+    """The GPU dies on its 4th call; the unit it ran and the one queued behind it are both re-dispatched."""
+    spec = PoolSpec("ahead", [ExecutorSpec("gpu", "sim", needs_gpu=True, batch=10, speed_ips=20000.0,
+                                           extra={"die_after_units": 3}),
+                              ExecutorSpec("cpu", "sim", batch=10, speed_ips=5000.0)])
+    workload = Workload.from_spec(WorkloadSpec(2000, (1, 28, 28)))
+    pool = RayPool(spec)
+    try:
+        m = run_strategy("fifo", {"c": 50}, pool, RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05))
+    finally:
+        pool.shutdown()
+    assert m.output_ok, m.failures
+    assert [e.died for e in m.executors] == [True, False]
+    assert len([f for f in m.failures if "gpu died" in f]) == 2
+    assert sum(e.images for e in m.executors) == 2000

@@ -181,3 +181,55 @@ def test_a_deadline_cuts_the_run_and_names_the_busy_executors():
     result = drive(strategy, strategy.validate({}), VirtualClockDispatcher(["a", "b"], [1000.0, 1000.0]), 2000,
                    deadline_s=5.0)
     assert_exactly_once_in_order(result, 2000)
+
+
+def run_ahead(name: str, speeds, lookahead, total=10000, overheads=None, die_at=None, on=True, **params):
+    strategy = get_strategy(name)
+    checked = strategy.validate(params)
+    disp = VirtualClockDispatcher([f"e{i}" for i in range(len(speeds))], list(speeds), overheads, die_at, lookahead)
+    return drive(strategy, checked, disp, total, lookahead=on)
+
+
+def no_overlap_per_executor(result):
+    for name in {u.executor for u in result.timeline}:
+        units = sorted((u for u in result.timeline if u.executor == name), key=lambda u: u.start_s)
+        for a, b in zip(units, units[1:], strict=False):
+            assert b.start_s >= a.end_s - 1e-12, (name, a, b)
+
+
+@pytest.mark.parametrize("name", ["static", "quick", "chunk", "hat", "fifo", "fast_split"])
+def test_lookahead_keeps_every_image_exactly_once_and_units_never_overlap(name):
+    result = run_ahead(name, [1000.0, 30000.0], [False, True], total=5003, overheads=[0.01, 0.005])
+    assert_exactly_once_in_order(result, 5003)
+    no_overlap_per_executor(result)
+
+
+def test_lookahead_queues_the_gpus_next_unit_and_hides_its_round_trip():
+    """fifo with a 5 ms round trip per unit on the fast executor: with lookahead it is paid once."""
+    args = ("fifo", [1000.0, 30000.0], [False, True])
+    plain = run_ahead(*args, total=30000, overheads=[0.0, 0.005], on=False, c=300)
+    ahead = run_ahead(*args, total=30000, overheads=[0.0, 0.005], c=300)
+    assert_exactly_once_in_order(ahead, 30000)
+    gpu = sorted(units_of(ahead, "e1"), key=lambda u: u.start_s)
+    assert all(b.start_s == pytest.approx(a.end_s) for a, b in zip(gpu, gpu[1:], strict=False))
+    assert ahead.wall_s < 0.8 * plain.wall_s
+    # the slow executor has no lookahead: one unit at a time, each after a round trip of its own
+    assert all(u.size == 300 for u in ahead.timeline)
+
+
+def test_barrier_strategies_ignore_lookahead():
+    for name in ("chunk", "hat", "quick", "static"):
+        plain = run_ahead(name, [1000.0, 3000.0], [True, True], total=4000, overheads=[0.01, 0.0], on=False)
+        ahead = run_ahead(name, [1000.0, 3000.0], [True, True], total=4000, overheads=[0.01, 0.0])
+        assert [(u.executor, u.start_image, u.size, u.end_s) for u in ahead.timeline] == \
+            [(u.executor, u.start_image, u.size, u.end_s) for u in plain.timeline]
+
+
+@pytest.mark.parametrize("name", ["fifo", "fast_split"])
+def test_lookahead_executor_dying_with_two_units_queued_loses_neither(name):
+    params = {"c": 200} if name == "fifo" else {}
+    result = run_ahead(name, [1000.0, 20000.0, 1000.0], [False, True, False], total=6000, die_at={1: 0.03},
+                       **params)
+    assert_exactly_once_in_order(result, 6000)
+    assert result.died == [False, True, False]
+    assert len([f for f in result.failures if "e1 died" in f]) == 2  # the running unit and the queued one

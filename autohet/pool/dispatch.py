@@ -18,7 +18,7 @@ import numpy as np
 
 from autohet.executors.base import Executor
 
-__all__ = ["Completion", "Dispatcher", "LocalDispatcher", "VirtualClockDispatcher"]
+__all__ = ["Completion", "Dispatcher", "LocalDispatcher", "Ready", "VirtualClockDispatcher"]
 
 
 @dataclass
@@ -40,15 +40,35 @@ class Completion:
         return self.error is None
 
 
-class Dispatcher(ABC):
-    """Submit a unit to an idle executor; wait for the next completion; read the clock."""
+@dataclass
+class Ready:
+    """An executor's only unit is about to drain: the driver may queue its next unit now."""
 
-    def __init__(self, names: list[str]) -> None:
+    executor: int
+
+
+class Dispatcher(ABC):
+    """Submit a unit to an executor that can take one; wait for the next event; read the clock.
+
+    Lookahead: an executor marked in ``lookahead`` (an asynchronous one, a GPU) may be given its
+    next unit while its current one drains, once the driver turns ``lookahead_on`` (strategies
+    without a barrier). The queued unit's start is then the end of the one before it, so the
+    timeline never overlaps and the executor's device does not wait for the driver between units.
+    """
+
+    def __init__(self, names: list[str], lookahead: list[bool] | None = None) -> None:
         self.names = list(names)
-        self.busy: dict[int, tuple[int, int, float]] = {}  # executor -> (start, size, submitted)
+        self.queued: dict[int, list[list[float]]] = {}  # executor -> [start, size, started] per unit, in order
+        self.lookahead = list(lookahead or [False] * len(names))
+        self.lookahead_on = False
         # where outputs go as soon as a piece arrives (set by the driver); dispatchers that split
         # units use it so a unit's outputs are placed while the executor still runs its later parts
         self.sink: Callable[[int, np.ndarray], None] | None = None
+
+    @property
+    def busy(self) -> dict[int, tuple[int, int, float]]:
+        """Executors with a unit in flight -> (start, size, started) of their current unit."""
+        return {i: (int(q[0][0]), int(q[0][1]), q[0][2]) for i, q in self.queued.items() if q}
 
     @abstractmethod
     def now(self) -> float: ...
@@ -57,21 +77,46 @@ class Dispatcher(ABC):
     def _submit(self, executor: int, start: int, size: int) -> None: ...
 
     @abstractmethod
-    def _wait_any(self, timeout: float | None = None) -> Completion | None:
-        """The next completion, or None when ``timeout`` seconds pass first."""
+    def _wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
+        """The next completion (or a lookahead executor's Ready), or None when ``timeout`` passes."""
+
+    def _draining(self, executor: int) -> bool:
+        """Whether the executor's only unit has been sent in full (a subclass that sends units
+        in parts says when the last part is next)."""
+        return True
+
+    def _flush(self) -> None:  # noqa: B027
+        """Optional hook: send what was held back for a decision the driver has now made."""
+
+    def can_take(self, executor: int) -> bool:
+        """Idle, or (lookahead) holding one unit that is about to drain."""
+        units = self.queued.get(executor)
+        if not units:
+            return True
+        return (self.lookahead_on and self.lookahead[executor] and len(units) == 1
+                and self._draining(executor))
 
     def submit(self, executor: int, start: int, size: int) -> None:
-        if executor in self.busy:
+        if not self.can_take(executor):
             raise RuntimeError(f"executor {self.names[executor]} is busy")
-        self.busy[executor] = (start, size, self.now())
+        self.queued.setdefault(executor, []).append([start, size, self.now()])
         self._submit(executor, start, size)
 
-    def wait_any(self, timeout: float | None = None) -> Completion | None:
+    def wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
         if not self.busy:
             raise RuntimeError("wait_any with nothing in flight")
+        self._flush()
         done = self._wait_any(timeout)
-        if done is not None:
-            self.busy.pop(done.executor, None)
+        if isinstance(done, Completion):
+            units = self.queued.get(done.executor, [])
+            match = next((u for u in units if (u[0], u[1]) == (done.start, done.size)), None)
+            if match is not None:
+                units.remove(match)
+                done.submitted_s = max(done.submitted_s, match[2])
+            if units and done.ok:  # the queued unit starts when this one ends, not when it was queued
+                units[0][2] = max(units[0][2], done.done_s)
+            if not units:
+                self.queued.pop(done.executor, None)
         return done
 
     def close(self) -> None:  # noqa: B027
@@ -81,42 +126,47 @@ class Dispatcher(ABC):
 class VirtualClockDispatcher(Dispatcher):
     """Simulated executors on a virtual clock: deterministic, instant, for tests and planning.
 
-    A unit of ``size`` images on executor i takes ``overhead_i + size / speed_i`` virtual seconds.
+    A unit of ``size`` images on executor i takes ``overhead_i + size / speed_i`` virtual seconds;
+    the overhead is the round trip before a unit starts, so a unit queued behind another
+    (lookahead) starts when that one ends and pays none.
     """
 
     def __init__(self, names: list[str], speeds: list[float], overheads: list[float] | None = None,
-                 die_at: dict[int, float] | None = None) -> None:
-        super().__init__(names)
+                 die_at: dict[int, float] | None = None, lookahead: list[bool] | None = None) -> None:
+        super().__init__(names, lookahead)
         self.speeds = speeds
         self.overheads = overheads or [0.0] * len(names)
         self.die_at = die_at or {}  # executor -> virtual time of death
         self.clock = 0.0
-        self.events: list[tuple[float, int, int, int, int]] = []
+        self.free_at = [0.0] * len(names)  # when each executor's last queued unit ends
+        self.events: list[tuple[float, int, int, int, int, float]] = []
         self._seq = 0
 
     def now(self) -> float:
         return self.clock
 
     def _submit(self, executor: int, start: int, size: int) -> None:
-        finish = self.clock + self.overheads[executor] + size / self.speeds[executor]
+        queued_behind = len(self.queued[executor]) > 1
+        begin = max(self.clock, self.free_at[executor]) if queued_behind else self.clock
+        finish = begin + (0.0 if queued_behind else self.overheads[executor]) + size / self.speeds[executor]
+        self.free_at[executor] = finish
         death = self.die_at.get(executor)
         if death is not None and death < finish:
             finish = max(death, self.clock)
         self._seq += 1
-        heapq.heappush(self.events, (finish, self._seq, executor, start, size))
+        heapq.heappush(self.events, (finish, self._seq, executor, start, size, begin))
 
     def _wait_any(self, timeout: float | None = None) -> Completion | None:
         if timeout is not None and self.events and self.events[0][0] - self.clock > timeout:
             self.clock += timeout
             return None
-        finish, _, executor, start, size = heapq.heappop(self.events)
-        submitted = self.busy[executor][2]
+        finish, _, executor, start, size, begin = heapq.heappop(self.events)
         self.clock = finish
         death = self.die_at.get(executor)
         if death is not None and death <= finish:
-            return Completion(executor, start, size, submitted, finish, 0.0, error="executor died (simulated)")
+            return Completion(executor, start, size, begin, finish, 0.0, error="executor died (simulated)")
         outputs = np.arange(start, start + size, dtype=np.float32).reshape(size, 1)
-        return Completion(executor, start, size, submitted, finish, finish - submitted, outputs)
+        return Completion(executor, start, size, begin, finish, finish - begin, outputs)
 
 
 class LocalDispatcher(Dispatcher):

@@ -101,7 +101,7 @@ class VirtualPool(Pool):
     def dispatcher(self) -> Dispatcher:
         execs = self.spec.executors
         return VirtualClockDispatcher(self.names, [e.speed_ips for e in execs], [e.overhead_s for e in execs],
-                                      self.die_at)
+                                      self.die_at, [e.needs_gpu for e in execs])
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
@@ -166,7 +166,10 @@ class RayPool(Pool):
     def dispatcher(self) -> Dispatcher:
         from autohet.pool.ray_pool import RayDispatcher
 
-        return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in self.spec.executors])
+        execs = self.spec.executors
+        # GPUs (and simulated ones, which exercise the same protocol) take their next unit early
+        return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in execs],
+                             lookahead=[e.kind == "gpu" or e.needs_gpu for e in execs])
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:

@@ -9,7 +9,7 @@ from typing import Any
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec, make_executor
 from autohet.models import ModelSpec
-from autohet.pool.dispatch import Completion, Dispatcher
+from autohet.pool.dispatch import Completion, Dispatcher, Ready
 from autohet.pool.spec import PoolSpec
 from autohet.workload import Workload
 
@@ -106,46 +106,93 @@ class _Unit:
 
 
 class RayDispatcher(Dispatcher):
-    """Work units as actor calls; an actor that dies turns its unit into a failed Completion.
+    """Work units as actor calls; an actor that dies turns its units into failed Completions.
 
     A unit larger than its executor's ``max_unit_images`` is split into parts and up to ``depth``
     parts stay queued on the actor, and each call names the part after it, so a GPU queues that
     part before returning this one's outputs (no idle device between parts, no driver round trip)
     and no single call moves a huge output array.
+
+    Across units (lookahead executors, once the driver allows it): the last part of an executor's
+    last unit is held back while the driver may still queue a next unit, so that the call can name
+    the next unit's first part; it is sent when the driver has decided (``_flush``) or when the
+    next unit arrives. The device then runs from one unit into the next without waiting.
     """
 
     def __init__(self, names: list[str], actors: list[Any], max_unit: list[int] | None = None,
-                 depth: int = 2) -> None:
-        super().__init__(names)
+                 depth: int = 2, lookahead: list[bool] | None = None) -> None:
+        super().__init__(names, lookahead)
         self.actors = actors
         self.max_unit = max_unit or [1 << 30] * len(actors)
         self.depth = depth
         self.refs: dict[Any, tuple[_Unit, int]] = {}
-        self.units: dict[int, _Unit] = {}
+        self.units: dict[int, list[_Unit]] = {}  # per executor, in the order they run
         self.stale: set[Any] = set()  # parts of failed units still in flight: ignored
+        self.failed: list[Completion] = []  # units queued behind a failed one, reported one by one
         self.t0 = time.perf_counter()
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def _launch(self, unit: _Unit) -> None:
-        while unit.launched < len(unit.parts) and unit.launched - unit.done < self.depth:
-            start, size = unit.parts[unit.launched]
-            following = unit.parts[unit.launched + 1] if unit.launched + 1 < len(unit.parts) else None
-            self.refs[self.actors[unit.executor].run.remote(start, size, following)] = (unit, unit.launched)
-            unit.launched += 1
+    def _holding(self, executor: int) -> bool:
+        return self.lookahead_on and self.lookahead[executor]
+
+    def _launch(self, executor: int, release: bool = False) -> bool:
+        """Sends the executor's next parts while fewer than ``depth`` are in flight; returns True
+        when the last part of its last unit is held back for a next unit not yet decided."""
+        units = self.units.get(executor, [])
+        for k, unit in enumerate(units):
+            while unit.launched < len(unit.parts):
+                if sum(u.launched - u.done for u in units) >= self.depth:
+                    return False
+                last = unit.launched + 1 == len(unit.parts)
+                if last and k + 1 == len(units) and self._holding(executor) and not release:
+                    return True
+                if not last:
+                    following = unit.parts[unit.launched + 1]
+                else:
+                    following = units[k + 1].parts[0] if k + 1 < len(units) else None
+                start, size = unit.parts[unit.launched]
+                self.refs[self.actors[executor].run.remote(start, size, following)] = (unit, unit.launched)
+                unit.launched += 1
+        return False
+
+    def _draining(self, executor: int) -> bool:
+        units = self.units.get(executor, [])
+        return len(units) == 1 and units[0].launched + 1 >= len(units[0].parts)
+
+    def _flush(self) -> None:
+        """The driver has had its chance to queue a next unit: an executor's held last part goes
+        now, unless a unit ahead of it still runs (its completion gives the driver another chance)."""
+        for executor, units in self.units.items():
+            if len(units) == 1:
+                self._launch(executor, release=True)
 
     def _submit(self, executor: int, start: int, size: int) -> None:
         step = max(1, self.max_unit[executor])
         parts = [(s, min(step, start + size - s)) for s in range(start, start + size, step)]
-        unit = _Unit(executor, start, size, self.now(), parts)
-        self.units[executor] = unit
-        self._launch(unit)
+        self.units.setdefault(executor, []).append(_Unit(executor, start, size, self.now(), parts))
+        self._launch(executor)
 
-    def _wait_any(self, timeout: float | None = None) -> Completion | None:
+    def _fail(self, unit: _Unit, exc: Exception) -> Completion:
+        """Drops every unit queued on the failed unit's executor: the first is returned, the rest
+        are reported by the next waits, so each is re-dispatched."""
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        error = f"{type(exc).__name__}: {text[:200]}"
+        units = self.units.pop(unit.executor, [unit])
+        for r in [r for r, (u, _) in self.refs.items() if u.executor == unit.executor]:
+            del self.refs[r]
+            self.stale.add(r)
+        self.failed += [Completion(u.executor, u.start, u.size, u.submitted, self.now(), 0.0, error=error)
+                        for u in units if u is not unit]
+        return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), 0.0, error=error)
+
+    def _wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
         import numpy as np
         import ray
 
+        if self.failed:
+            return self.failed.pop(0)
         deadline = None if timeout is None else time.perf_counter() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.perf_counter())
@@ -160,14 +207,7 @@ class RayDispatcher(Dispatcher):
             try:
                 outputs, compute_s = ray.get(ref)
             except Exception as exc:  # RayActorError when killed; any executor error fails the unit
-                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                self.stale |= {r for r, (u, _) in self.refs.items() if u is unit}
-                for r in list(self.refs):
-                    if self.refs[r][0] is unit:
-                        del self.refs[r]
-                self.units.pop(unit.executor, None)
-                return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), 0.0,
-                                  error=f"{type(exc).__name__}: {text[:200]}")
+                return self._fail(unit, exc)
             unit.done += 1
             unit.compute_s += compute_s
             if self.sink is not None:  # placed now, while the actor runs the unit's next parts
@@ -175,7 +215,12 @@ class RayDispatcher(Dispatcher):
             else:
                 unit.outputs[index] = outputs
             if unit.done == len(unit.parts):
-                self.units.pop(unit.executor, None)
+                units = self.units.get(unit.executor, [])
+                if unit in units:
+                    units.remove(unit)
+                if not units:
+                    self.units.pop(unit.executor, None)
+                self._launch(unit.executor)
                 if self.sink is not None:
                     return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(),
                                       unit.compute_s, delivered=True)
@@ -183,4 +228,5 @@ class RayDispatcher(Dispatcher):
                 joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), unit.compute_s,
                                   joined)
-            self._launch(unit)
+            if self._launch(unit.executor) and self._draining(unit.executor):
+                return Ready(unit.executor)

@@ -17,7 +17,7 @@ import numpy as np
 
 from autohet.errors import RunTimeout, UserError
 from autohet.measurement import WorkUnit
-from autohet.pool.dispatch import Completion, Dispatcher
+from autohet.pool.dispatch import Completion, Dispatcher, Ready
 
 if TYPE_CHECKING:
     from autohet.strategies.data_parallel import DataParallelStrategy
@@ -89,15 +89,20 @@ class DriveResult:
 
 def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Dispatcher, total: int,
           on_event: Callable[[Completion], None] | None = None, batches: list[int] | None = None,
-          deadline_s: float | None = None) -> DriveResult:
+          deadline_s: float | None = None, lookahead: bool = True) -> DriveResult:
     """Runs ``total`` images through the dispatcher under the strategy's rule; raises RunTimeout
-    when ``deadline_s`` passes first (the busy executors are named so their actors can be replaced)."""
+    when ``deadline_s`` passes first (the busy executors are named so their actors can be replaced).
+
+    With ``lookahead`` (strategies without a barrier), an executor the dispatcher lets queue a
+    second unit is offered to the strategy again while its current unit drains, so its next unit
+    is decided before the device runs dry.
+    """
     n = len(dispatcher.names)
+    dispatcher.lookahead_on = lookahead and not strategy.barrier
     st = SchedState(total, n, total, [True] * n, [None] * n, [0] * n, list(batches or [1] * n))
     strategy.begin(st, params)
     cursor = 0
     requeue: deque[tuple[int, int]] = deque()
-    idle = set(range(n))
     outputs: np.ndarray | None = None
     coverage = np.zeros(total, dtype=np.int32)
     timeline: list[WorkUnit] = []
@@ -114,30 +119,30 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
     t0 = dispatcher.now()
     while True:
         st.now = dispatcher.now() - t0
-        for i in sorted(idle):  # failed units first, to any idle live executor
-            if requeue and st.alive[i]:
+        for i in range(n):  # failed units first, to any idle live executor
+            if requeue and st.alive[i] and i not in dispatcher.busy:
                 start, size = requeue.popleft()
                 dispatcher.submit(i, start, size)
-                idle.discard(i)
-        live_idle = [i for i in sorted(idle) if st.alive[i]]
-        if st.remaining > 0 and live_idle and not (strategy.barrier and dispatcher.busy):
+        offer = [i for i in range(n) if st.alive[i] and dispatcher.can_take(i)]
+        while st.remaining > 0 and offer and not (strategy.barrier and dispatcher.busy):
             if strategy.barrier:
                 st.round_index += 1
                 st.last_round_finish = st.round_finish
                 st.round_finish = {}
                 st.round_start = st.now
-            seen: set[int] = set()
-            for executor, size in strategy.assign(st, live_idle, params):
+            taken: list[int] = []
+            for executor, size in strategy.assign(st, offer, params):
                 size = min(int(size), st.remaining)
                 if size <= 0:
                     continue
-                if executor not in live_idle or executor in seen:
+                if executor not in offer or executor in taken:
                     raise RuntimeError(f"{strategy.name} assigned to executor {executor}, which is not idle")
-                seen.add(executor)
+                taken.append(executor)
                 dispatcher.submit(executor, cursor, size)
                 cursor += size
                 st.remaining -= size
-                idle.discard(executor)
+            # lookahead: an executor whose new unit is already draining is offered its next one
+            offer = [i for i in taken if dispatcher.can_take(i)]
         if not dispatcher.busy:
             if st.remaining == 0 and not requeue:
                 break
@@ -146,6 +151,8 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
             raise RuntimeError(f"{strategy.name} assigned no work with {st.remaining} images left")
         left = None if deadline_s is None else deadline_s - (dispatcher.now() - t0)
         done = dispatcher.wait_any(max(0.0, left)) if left is not None else dispatcher.wait_any()
+        if isinstance(done, Ready):
+            continue
         if done is None:
             busy = sorted(dispatcher.busy)
             dispatcher.close()
@@ -153,7 +160,6 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
                              f"{total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
                              "raise trial_timeout_s or narrow the search space", busy)
         i = done.executor
-        idle.add(i)
         st.now = done.done_s - t0
         timeline.append(WorkUnit(dispatcher.names[i], done.start, done.size, done.submitted_s - t0,
                                  done.done_s - t0, done.compute_s, done.ok))

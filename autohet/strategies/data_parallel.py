@@ -46,7 +46,7 @@ class DataParallelStrategy(Strategy):
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         self.check_pool(pool, params)
         result = drive(self, params, pool.dispatcher(), ctx.workload.images, ctx.on_event,
-                       [e.batch for e in pool.spec.executors], ctx.deadline_s)
+                       [e.batch for e in pool.spec.executors], ctx.deadline_s, ctx.lookahead)
         # the limit is measured right after the run, when nothing else competes for the devices
         # (at a trial's start the previous trial's process and its logging may still be running)
         standalone = ctx.standalone(pool)
