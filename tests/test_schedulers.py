@@ -10,12 +10,13 @@ from autohet.strategies import get_strategy
 from autohet.strategies._driver import drive, split_by_weights
 
 
-def run(name: str, speeds, total=10000, overheads=None, die_at=None, **params):
+def run(name: str, speeds, total=10000, overheads=None, die_at=None, lookahead=None, on=True, **params):
+    """``lookahead`` marks the executors that may queue a next unit; ``on`` is the driver's switch."""
     strategy = get_strategy(name)
     checked = strategy.validate(params)
     names = [f"e{i}" for i in range(len(speeds))]
-    disp = VirtualClockDispatcher(names, list(speeds), overheads, die_at)
-    result = drive(strategy, checked, disp, total)
+    disp = VirtualClockDispatcher(names, list(speeds), overheads, die_at, lookahead)
+    result = drive(strategy, checked, disp, total, lookahead=on)
     return result, checked
 
 
@@ -183,11 +184,8 @@ def test_a_deadline_cuts_the_run_and_names_the_busy_executors():
     assert_exactly_once_in_order(result, 2000)
 
 
-def run_ahead(name: str, speeds, lookahead, total=10000, overheads=None, die_at=None, on=True, **params):
-    strategy = get_strategy(name)
-    checked = strategy.validate(params)
-    disp = VirtualClockDispatcher([f"e{i}" for i in range(len(speeds))], list(speeds), overheads, die_at, lookahead)
-    return drive(strategy, checked, disp, total, lookahead=on)
+def run_ahead(name: str, speeds, lookahead, **kwargs):
+    return run(name, speeds, lookahead=lookahead, **kwargs)[0]
 
 
 def no_overlap_per_executor(result):

@@ -47,6 +47,15 @@ class Ready:
     executor: int
 
 
+@dataclass
+class _Queued:
+    """A unit the dispatcher holds for an executor; ``started`` moves to the end of the unit ahead."""
+
+    start: int
+    size: int
+    started: float
+
+
 class Dispatcher(ABC):
     """Submit a unit to an executor that can take one; wait for the next event; read the clock.
 
@@ -58,7 +67,7 @@ class Dispatcher(ABC):
 
     def __init__(self, names: list[str], lookahead: list[bool] | None = None) -> None:
         self.names = list(names)
-        self.queued: dict[int, list[list[float]]] = {}  # executor -> [start, size, started] per unit, in order
+        self.queued: dict[int, list[_Queued]] = {}  # per executor, in the order its units run
         self.lookahead = list(lookahead or [False] * len(names))
         self.lookahead_on = False
         # where outputs go as soon as a piece arrives (set by the driver); dispatchers that split
@@ -68,7 +77,7 @@ class Dispatcher(ABC):
     @property
     def busy(self) -> dict[int, tuple[int, int, float]]:
         """Executors with a unit in flight -> (start, size, started) of their current unit."""
-        return {i: (int(q[0][0]), int(q[0][1]), q[0][2]) for i, q in self.queued.items() if q}
+        return {i: (q[0].start, q[0].size, q[0].started) for i, q in self.queued.items() if q}
 
     @abstractmethod
     def now(self) -> float: ...
@@ -99,7 +108,7 @@ class Dispatcher(ABC):
     def submit(self, executor: int, start: int, size: int) -> None:
         if not self.can_take(executor):
             raise RuntimeError(f"executor {self.names[executor]} is busy")
-        self.queued.setdefault(executor, []).append([start, size, self.now()])
+        self.queued.setdefault(executor, []).append(_Queued(start, size, self.now()))
         self._submit(executor, start, size)
 
     def wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
@@ -109,12 +118,12 @@ class Dispatcher(ABC):
         done = self._wait_any(timeout)
         if isinstance(done, Completion):
             units = self.queued.get(done.executor, [])
-            match = next((u for u in units if (u[0], u[1]) == (done.start, done.size)), None)
+            match = next((u for u in units if (u.start, u.size) == (done.start, done.size)), None)
             if match is not None:
                 units.remove(match)
-                done.submitted_s = max(done.submitted_s, match[2])
+                done.submitted_s = max(done.submitted_s, match.started)
             if units and done.ok:  # the queued unit starts when this one ends, not when it was queued
-                units[0][2] = max(units[0][2], done.done_s)
+                units[0].started = max(units[0].started, done.done_s)
             if not units:
                 self.queued.pop(done.executor, None)
         return done
