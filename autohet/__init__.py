@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from autohet.context import RunContext
 from autohet.errors import UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec, build_model, input_shape
-from autohet.run import RunContext, run_strategy
+from autohet.objectives import OBJECTIVES, Objective, ObjectiveSet
+from autohet.running import run_strategy
 from autohet.strategies import Strategy, get_strategy, register_strategy, strategy_names
 from autohet.workload import Workload, WorkloadSpec
 
 __all__ = [
-    "Measurement", "ModelSpec", "RunContext", "Strategy", "UserError", "Workload", "WorkloadSpec",
-    "build_model", "get_strategy", "input_shape", "register_strategy", "run_strategy", "strategy_names",
+    "OBJECTIVES", "Measurement", "ModelSpec", "Objective", "ObjectiveSet", "RunContext", "Strategy", "UserError",
+    "Workload", "WorkloadSpec", "build_model", "get_strategy", "input_shape", "register_strategy", "run_strategy",
+    "strategy_names",
 ]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The ``autohet`` command. Bad input ends in one line naming the fix and a non-zero exit."""
+"""The ``autohet`` command. Bad input ends in one line naming the fix and a non-zero exit; SIGINT
+and SIGTERM end in one line, Ray shut down, exit 130 / 143."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import importlib
 import os
 import sys
 
-from autohet.errors import UserError
+from autohet.errors import Interrupted, UserError
 
 __all__ = ["main", "build_parser"]
 
@@ -34,17 +35,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _stop_ray() -> None:
+    """Ends the local Ray this command started (its actors and workers), quietly."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        import contextlib
+        import io
+
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
+    from autohet.ray_runtime import handle_signals
+
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = handle_signals()
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"autohet: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("autohet: interrupted", file=sys.stderr)
-        return 130
+    except (KeyboardInterrupt, Interrupted) as exc:
+        signum = getattr(exc, "signum", 2)
+        _stop_ray()
+        print(f"autohet: {'terminated' if signum == 15 else 'interrupted'}; Ray shut down", file=sys.stderr)
+        return 128 + signum
     except Exception as exc:
         if os.environ.get("AUTOHET_DEBUG"):
             raise
@@ -52,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"autohet: internal error: {type(exc).__name__}: {first} (rerun with AUTOHET_DEBUG=1 for the "
               "traceback and report it)", file=sys.stderr)
         return 1
+    finally:
+        import signal
+
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,9 @@ def load_config(path: str | Path) -> RunConfig:
 
 
 def _objective(value: Any, file: Path) -> str:
-    if value not in ("throughput", "latency"):
-        raise UserError(f"{file}: objective must be throughput or latency, got {value!r}")
-    return str(value)
+    from autohet.objectives import ObjectiveSet
+
+    try:
+        return ObjectiveSet.parse(str(value)).name
+    except UserError as exc:
+        raise UserError(f"{file}: {exc}") from None

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["RunTimeout", "UserError", "unknown_name"]
+__all__ = ["Interrupted", "RunTimeout", "UserError", "unknown_name"]
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM: the command stops, shuts Ray down and exits 128 + the signal number.
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` blocks do not swallow it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"signal {signum}")
+        self.signum = signum
 
 
 class UserError(Exception):

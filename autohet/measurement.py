@@ -43,8 +43,8 @@ class Measurement:
     images: int
     wall_s: float
     throughput_ips: float
-    limit_ips: float
-    efficiency: float
+    limit_ips: float | None  # None where no bound was measured (latency runs)
+    efficiency: float | None
     output_ok: bool
     max_abs_diff: float
     tolerance: float
@@ -56,8 +56,8 @@ class Measurement:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def waste(self) -> float:
-        return 1.0 - self.efficiency
+    def waste(self) -> float | None:
+        return None if self.efficiency is None else 1.0 - self.efficiency
 
     def losses(self) -> dict[str, dict[str, float]]:
         """Where the gap to the limit went, per executor, as shares of limit x wall (all shares
@@ -65,7 +65,7 @@ class Measurement:
         (idle time, weighted by its standalone speed), and ``slow``: images short of its
         standalone speed while it had a unit (round trips, host contention, partial batches)."""
         out: dict[str, dict[str, float]] = {}
-        scale = self.limit_ips * self.wall_s
+        scale = (self.limit_ips or 0.0) * self.wall_s
         if scale <= 0:
             return out
         for e in self.executors:

@@ -7,6 +7,7 @@ builds the same network without shipping weights) or loaded from a checkpoint fi
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from torch import nn
 
 from autohet.errors import UserError
 
-__all__ = ["ModelSpec", "build_model", "input_shape", "list_models", "CifarNet", "LeNet"]
+__all__ = ["CifarNet", "LeNet", "ModelSpec", "build_model", "check_checkpoint", "input_shape", "list_models"]
 
 
 class LeNet(nn.Module):
@@ -114,34 +115,66 @@ def input_shape(name: str) -> tuple[int, int, int]:
     return _TV_INPUT.get(name, (3, 224, 224))
 
 
+# Random initialisation draws from torch's global generator: two threads building models at once
+# (an in-process pool loading its executors) would interleave their draws and get other weights.
+_BUILD_LOCK = threading.Lock()
+
+
 def build_model(spec: ModelSpec | str, seed: int = 0, checkpoint: str | None = None) -> nn.Module:
     """Builds the model in eval mode with seeded random weights or a checkpoint's state dict."""
     if isinstance(spec, str):
         spec = ModelSpec(spec, seed, checkpoint)
     name = _canonical(spec.name)
     input_shape(name)  # validates the name with a helpful error
-    torch.manual_seed(spec.seed)
-    if name in _SMALL:
-        model = _SMALL[name][0]()
-    elif ":" in name:
-        model = _user_factory(name)()
-    else:
-        from autohet._tv import torchvision
-
-        kwargs = {"weights": None}
-        if name in ("googlenet", "inception_v3"):
-            kwargs.update(aux_logits=False, init_weights=True)
-        model = torchvision.models.get_model(name, **kwargs)
+    with _BUILD_LOCK:
+        state = torch.get_rng_state()
+        torch.manual_seed(spec.seed)
+        try:
+            model = _construct(name)
+        finally:
+            torch.set_rng_state(state)
     if spec.checkpoint:
-        path = Path(spec.checkpoint)
-        if not path.is_file():
-            raise UserError(f"checkpoint {path} not found; pass an existing .pt state-dict file")
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        if isinstance(state, dict) and "state_dict" in state:
-            state = state["state_dict"]
+        state = _read_checkpoint(spec.checkpoint)
         try:
             model.load_state_dict(state)
         except RuntimeError as exc:
             first = str(exc).splitlines()[0]
-            raise UserError(f"checkpoint {path} does not fit model {name}: {first}") from exc
+            raise UserError(f"checkpoint {spec.checkpoint} does not fit model {name}: {first}") from exc
     return model.eval()
+
+
+def _construct(name: str) -> nn.Module:
+    if name in _SMALL:
+        return _SMALL[name][0]()
+    if ":" in name:
+        return _user_factory(name)()
+    from autohet._tv import torchvision
+
+    kwargs: dict = {"weights": None}
+    if name in ("googlenet", "inception_v3"):
+        kwargs.update(aux_logits=False, init_weights=True)
+    return torchvision.models.get_model(name, **kwargs)
+
+
+def _read_checkpoint(checkpoint: str) -> dict:
+    """The state dict in a .pt file; anything else is a one-line error naming the fix."""
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} not found; pass an existing .pt state-dict file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # unpickling, zip and weights_only errors: not a state dict we can read
+        first = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"checkpoint {path} is not a PyTorch state dict ({type(exc).__name__}: {first}); "
+                        "save one with torch.save(model.state_dict(), path)") from None
+    if isinstance(state, dict) and "state_dict" in state:
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"checkpoint {path} holds a {type(state).__name__}, not a state dict of tensors; save one "
+                        "with torch.save(model.state_dict(), path)")
+    return state
+
+
+def check_checkpoint(spec: ModelSpec) -> None:
+    """Fails in one line, before any executor starts, when the checkpoint cannot load into the model."""
+    build_model(spec)

@@ -1,83 +1,182 @@
-"""Declared parameters of a strategy or executor: validation of user values against them.
+"""Declared parameters of strategies and executors: one class per kind, each checks its own values.
 
-Parameters are data: each has a type, a default and a valid range or set of choices. The
-search spaces in search_spaces/*.yaml name the same parameters; an unknown name or a value
-out of range is an error that lists what is valid (never silently dropped).
+Parameters are data: a kind, a default and a valid range or set of choices. A search space
+(``autohet.tuning.dims``) names the same parameters and asks each one whether the values it
+would suggest are valid (``contains``), so a space cannot search outside what a strategy accepts.
+An unknown name or a value out of range is an error that lists what is valid (never dropped).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from autohet.errors import UserError
 
-__all__ = ["Param", "validate_params", "parse_set_options"]
-
-_TYPES = ("int", "float", "bool", "choice", "str", "int_list", "float_list")
+__all__ = [
+    "BoolParam", "ChoiceParam", "FloatListParam", "FloatParam", "IntListParam", "IntParam", "Param", "StrParam",
+    "parse_set_options", "validate_params",
+]
 
 
 @dataclass(frozen=True)
 class Param:
-    """One parameter: ``kind`` is one of int, float, bool, choice, str, int_list, float_list."""
+    """One parameter. Subclasses convert a YAML/CLI value (``_convert``) and check it (``_check``)."""
 
     name: str
-    kind: str
     default: Any = None
-    low: float | None = None
-    high: float | None = None
-    choices: tuple = field(default_factory=tuple)
     help: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in _TYPES:
-            raise ValueError(f"param {self.name}: kind {self.kind!r} not in {_TYPES}")
+    kind: ClassVar[str] = "any"
 
     def describe(self) -> str:
-        if self.kind == "choice":
-            return f"{self.name} (one of {', '.join(map(str, self.choices))})"
-        if self.low is not None or self.high is not None:
-            return f"{self.name} ({self.kind} in [{self.low}, {self.high}])"
         return f"{self.name} ({self.kind})"
 
+    def _convert(self, value: Any) -> Any:
+        return value
+
+    def _check(self, value: Any) -> str | None:
+        """A reason the converted value is invalid, or None."""
+        return None
+
     def coerce(self, value: Any, owner: str) -> Any:
-        """Turns a YAML/CLI value into this parameter's type, or raises a UserError naming the fix."""
+        """The value in this parameter's type, or a UserError naming the fix."""
         where = f"{owner}: parameter {self.name}"
         try:
-            if self.kind == "int":
-                if isinstance(value, float) and not value.is_integer():
-                    raise ValueError
-                value = int(value)
-            elif self.kind == "float":
-                value = float(value)
-            elif self.kind == "bool":
-                if isinstance(value, str):
-                    if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
-                        raise ValueError
-                    value = value.lower() in ("true", "1", "yes")
-                else:
-                    value = bool(value)
-            elif self.kind in ("int_list", "float_list"):
-                if isinstance(value, str):
-                    value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
-                conv = int if self.kind == "int_list" else float
-                value = [conv(v) for v in value]
-            elif self.kind == "str":
-                value = str(value)
+            value = self._convert(value)
         except (TypeError, ValueError):
             raise UserError(f"{where} must be {self.kind}, got {value!r}") from None
-        if self.kind == "choice":
-            if value not in self.choices and str(value) not in map(str, self.choices):
-                raise UserError(f"{where} must be one of {', '.join(map(str, self.choices))}, got {value!r}")
-            value = next(c for c in self.choices if str(c) == str(value))
-        items = value if isinstance(value, list) else [value]
-        if self.kind in ("int", "float", "int_list", "float_list"):
-            for item in items:
-                if (self.low is not None and item < self.low) or (self.high is not None and item > self.high):
-                    raise UserError(f"{where} = {item} is out of range [{self.low}, {self.high}]")
+        problem = self._check(value)
+        if problem:
+            raise UserError(f"{where} {problem}")
         return value
+
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is valid as given (no conversion needed)."""
+        try:
+            return self._convert(value) == value and self._check(value) is None
+        except (TypeError, ValueError):
+            return False
+
+
+@dataclass(frozen=True)
+class _Ranged(Param):
+    low: float | None = None
+    high: float | None = None
+
+    def describe(self) -> str:
+        if self.low is None and self.high is None:
+            return f"{self.name} ({self.kind})"
+        return f"{self.name} ({self.kind} in [{self.low}, {self.high}])"
+
+    def _out_of_range(self, item: float) -> str | None:
+        if (self.low is not None and item < self.low) or (self.high is not None and item > self.high):
+            return f"= {item} is out of range [{self.low}, {self.high}]"
+        return None
+
+
+@dataclass(frozen=True)
+class IntParam(_Ranged):
+    kind: ClassVar[str] = "int"
+
+    def _convert(self, value: Any) -> int:
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            raise ValueError(value)
+        return int(value)
+
+    def _check(self, value: int) -> str | None:
+        return self._out_of_range(value)
+
+
+@dataclass(frozen=True)
+class FloatParam(_Ranged):
+    kind: ClassVar[str] = "float"
+
+    def _convert(self, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(value)
+        return float(value)
+
+    def _check(self, value: float) -> str | None:
+        return self._out_of_range(value)
+
+
+@dataclass(frozen=True)
+class BoolParam(Param):
+    kind: ClassVar[str] = "bool"
+
+    def _convert(self, value: Any) -> bool:
+        if isinstance(value, str):
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if not isinstance(value, bool | int):
+            raise ValueError(value)
+        return bool(value)
+
+
+@dataclass(frozen=True)
+class StrParam(Param):
+    kind: ClassVar[str] = "str"
+
+    def _convert(self, value: Any) -> str:
+        return str(value)
+
+
+@dataclass(frozen=True)
+class ChoiceParam(Param):
+    choices: tuple = field(default_factory=tuple)
+    kind: ClassVar[str] = "choice"
+
+    def describe(self) -> str:
+        return f"{self.name} (one of {', '.join(map(str, self.choices))})"
+
+    def _convert(self, value: Any) -> Any:
+        match = next((c for c in self.choices if c == value or str(c) == str(value)), None)
+        return value if match is None else match
+
+    def _check(self, value: Any) -> str | None:
+        if value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
+        return None
+
+
+@dataclass(frozen=True)
+class _ListParam(_Ranged):
+    item: ClassVar[type] = float
+
+    def _convert(self, value: Any) -> list:
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        if not isinstance(value, Sequence):
+            raise ValueError(value)
+        out = []
+        for v in value:
+            if isinstance(v, bool) or (self.item is int and isinstance(v, float) and not v.is_integer()):
+                raise ValueError(v)
+            out.append(self.item(v))
+        return out
+
+    def _check(self, value: list) -> str | None:
+        for item in value:
+            problem = self._out_of_range(item)
+            if problem:
+                return problem
+        return None
+
+
+@dataclass(frozen=True)
+class IntListParam(_ListParam):
+    kind: ClassVar[str] = "int_list"
+    item: ClassVar[type] = int
+
+
+@dataclass(frozen=True)
+class FloatListParam(_ListParam):
+    kind: ClassVar[str] = "float_list"
+    item: ClassVar[type] = float
 
 
 def validate_params(owner: str, declared: dict[str, Param], given: dict[str, Any]) -> dict[str, Any]:

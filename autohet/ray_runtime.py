@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 
-__all__ = ["init_ray", "ray_temp_dir"]
+__all__ = ["handle_signals", "init_ray", "ray_temp_dir"]
+
+
+def _raise(signum: int, frame: object) -> None:
+    from autohet.errors import Interrupted
+
+    raise Interrupted(signum)
+
+
+def handle_signals() -> dict[int, object]:
+    """SIGINT and SIGTERM raise Interrupted in the main thread; returns the handlers they replace.
+    Called again after ``ray.init``: Ray's core worker installs a failure-signal handler that prints a
+    C++ stack trace on SIGTERM."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, _raise) for sig in (signal.SIGINT, signal.SIGTERM)}
 
 
 def _ray_root() -> str:
@@ -32,6 +49,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # ours ends the whole command in one line
     temp_dir = ray_temp_dir()
     import ray
 
@@ -43,6 +61,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
                   namespace="autohet")
     if address:
         ray.init(address=address, **common)
-        return
-    ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
-             _temp_dir=temp_dir, **common)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
+                 _temp_dir=temp_dir, **common)
+    handle_signals()

@@ -14,7 +14,7 @@ import numpy as np
 
 from autohet.errors import UserError
 
-__all__ = ["WorkloadSpec", "Workload", "MAX_DISTINCT_BYTES"]
+__all__ = ["MAX_DISTINCT_BYTES", "Workload", "WorkloadSpec", "workload_for"]
 
 # Synthetic workloads hold at most this many bytes of distinct images; larger N cycles
 # through them (image i is bank[i % bank_size]), so vgg16 x 10000 does not need 6 GB.
@@ -86,3 +86,10 @@ class Workload:
         """Evenly spread image indices for the output check (first and last included)."""
         count = min(count, self.images)
         return np.unique(np.linspace(0, self.images - 1, count).round().astype(np.int64))
+
+
+def workload_for(model: str, images: int, seed: int = 0, npy: str | None = None) -> Workload:
+    """The workload of a run of ``model``: synthetic images of its input shape, or an .npy file."""
+    from autohet.models import input_shape
+
+    return Workload.from_spec(WorkloadSpec(images, input_shape(model), seed, npy))

@@ -12,12 +12,13 @@ import time
 
 import torch
 
+from autohet.context import RunContext
 from autohet.executors import ExecutorSpec
 from autohet.executors.gpu import DTYPES
 from autohet.models import ModelSpec, build_model, input_shape
 from autohet.pool import PoolSpec, RayPool
 from autohet.ray_runtime import init_ray
-from autohet.run import RunContext, run_strategy
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 
+from autohet.context import RunContext
 from autohet.models import ModelSpec, input_shape
 from autohet.pool import RayPool, load_pool
 from autohet.ray_runtime import init_ray
-from autohet.run import RunContext, run_strategy
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit
 

@@ -32,11 +32,11 @@ from pathlib import Path
 import yaml
 
 from autohet.config import load_config
+from autohet.context import RunContext
 from autohet.models import ModelSpec, input_shape
-from autohet.pool import RayPool, load_pool
+from autohet.pool import RayPool, StandaloneCache, load_pool
 from autohet.ray_runtime import init_ray
-from autohet.run import RunContext, run_strategy
-from autohet.tuning.manager import StandaloneCache
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit
 

@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     import tvm
 
     from autohet.backends import TorchRunner, TvmRunner, time_runner
-    from autohet.backends._tvm import ensure_cuda, tvm_root, tvm_target
-    from autohet.backends._tvm_tune import TuneSession
+    from autohet.backends.tvm import TuneSession, ensure_cuda, tvm_root, tvm_target
     from autohet.errors import UserError
     from autohet.partition import partition
     from bench._common import describe_machine

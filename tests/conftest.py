@@ -4,17 +4,11 @@ import os
 
 import pytest
 
-from autohet.executors import ExecutorSpec
-from autohet.pool import PoolSpec
+from autohet.testing import sim_pool_spec
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-
-def sim_pool_spec(speeds: list[float], overheads: list[float] | None = None, batch: int = 16) -> PoolSpec:
-    """SIMULATED executors with the given speeds (images/s) and per-unit overheads (s)."""
-    overheads = overheads or [0.0] * len(speeds)
-    return PoolSpec("sim", [ExecutorSpec(f"sim{i}", "sim", batch=batch, speed_ips=s, overhead_s=o)
-                            for i, (s, o) in enumerate(zip(speeds, overheads, strict=True))])
+__all__ = ["sim_pool_spec"]
 
 
 @pytest.fixture(scope="module")

@@ -1,15 +1,14 @@
 """A test plug-in strategy that is fast because it is wrong: it skips half the images.
 
 Used to show that a trial whose outputs fail the check is recorded invalid and never exported.
+It uses public API only, as an outside plug-in would.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from autohet.strategies import register_strategy
-from autohet.strategies._driver import SchedState
-from autohet.strategies.data_parallel import FifoScheduler
+from autohet.strategies import FifoScheduler, SchedState, register_strategy
 
 
 class BrokenFifo(FifoScheduler):

@@ -111,3 +111,73 @@ def test_profile_reports_every_executor_at_every_batch(capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and [e["name"] for e in out["executors"]] == ["cpu0", "cpu1"]
     assert all(set(e["ips_by_batch"]) == {"1", "8"} and min(e["ips_by_batch"].values()) > 0 for e in out["executors"])
+
+
+def test_a_checkpoint_that_is_not_a_state_dict_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a pickle at all")
+    assert main(["run", "--model", "lenet", "--strategy", "fifo", "--checkpoint", str(bad), "--pool",
+                 "actors/cpu2.yaml", "--in-process"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not a PyTorch state dict" in err and "torch.save" in err
+
+
+def test_run_of_a_config_honours_the_images_given_to_main(tmp_path, capsys):
+    from autohet.config import RunConfig, write_config
+    from autohet.models import ModelSpec
+    from autohet.pool import load_pool
+
+    path = write_config(RunConfig(ModelSpec("lenet"), load_pool("actors/cpu2.yaml"), "fifo", {"c": 16},
+                                  images=5000), tmp_path / "c.yaml")
+    assert main(["run", "--config", str(path), "--images", "64", "--in-process", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["images"] == 64
+
+
+def test_a_run_past_its_timeout_ends_in_one_line_naming_a_faster_parameter(tmp_path, capsys):
+    """A fixed chunk far too big for a slow executor: the run stops at --timeout, exit 2, one line.
+    SIMULATED executors (100 and 10000 img/s): a 2000-image chunk is 20 s on the slow one, 10x the timeout."""
+    pool = tmp_path / "slow.yaml"
+    pool.write_text("executors:\n  - {name: fast, kind: sim, speed_ips: 10000, needs_gpu: true, batch: 64}\n"
+                    "  - {name: slow, kind: sim, speed_ips: 100, batch: 16}\n")
+    code = main(["run", "--model", "lenet", "--strategy", "fifo", "--set", "c=2000", "--set", "unit=images",
+                 "--images", "4000", "--pool", str(pool), "--in-process", "--timeout", "2",
+                 "--standalone-seconds", "0.05"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "did not finish within 2 s" in err and "still busy: slow" in err and "unit=batches" in err
+
+
+def test_pool_suited_defaults_apply_only_when_none_of_their_keys_is_given():
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import PoolSpec
+    from autohet.strategies import get_strategy
+
+    mixed = PoolSpec("m", [ExecutorSpec("g", "gpu", gpu=0), ExecutorSpec("c", "cpu", (0,))])
+    fifo = get_strategy("fifo")
+    assert fifo.validate(fifo.defaults_for(mixed, {})) == {"c": 4, "unit": "batches"}
+    assert fifo.validate(fifo.defaults_for(mixed, {"c": 4096})) == {"c": 4096, "unit": "images"}  # the seed's unit
+    cpu_only = PoolSpec("c", [ExecutorSpec("c0", "cpu", (0,)), ExecutorSpec("c1", "cpu", (1,))])
+    assert fifo.validate(fifo.defaults_for(cpu_only, {})) == {"c": 128, "unit": "images"}
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("sig, code, word", [(15, 143, "terminated"), (2, 130, "interrupted")])
+def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, word):
+    """The signal is sent once the command says it started its executors (a line on its stderr
+    pipe: an event, not a wall-clock guess)."""
+    import signal as signals
+
+    proc = subprocess.Popen([sys.executable, "-m", "autohet.cli", "profile", "--model", "vgg16", "--pool",
+                             "actors/cpu2.yaml", "--batches", "1,2,4,8,16,32", "--seconds", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in proc.stderr:
+        lines.append(line)
+        if "measure" in line or "standalone" in line:
+            break
+    proc.send_signal(signals.Signals(sig))
+    out, rest = proc.communicate(timeout=120)
+    err = "".join(lines) + rest
+    assert proc.returncode == code, err[-2000:]
+    assert f"autohet: {word}; Ray shut down" in rest
+    assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err

@@ -1,76 +1,69 @@
-"""The contract every registered strategy passes (parametrised over the registry)."""
+"""The contract every registered strategy passes (parametrised over the registry), from the suite
+shipped in ``autohet.testing``; and a plug-in written with public API only passes it too."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from autohet.errors import UserError
-from autohet.models import ModelSpec
-from autohet.params import Param
-from autohet.pool import VirtualPool
-from autohet.run import RunContext, run_strategy
-from autohet.strategies import STRATEGIES, Strategy, get_strategy
-from autohet.workload import Workload, WorkloadSpec
-from tests.conftest import sim_pool_spec
+from autohet.strategies import STRATEGIES, get_strategy
+from autohet.testing import (
+    StrategyContract,
+    check_declared_params,
+    check_out_of_range_rejected,
+    check_real_run,
+    check_simulated_run,
+    check_unknown_param_lists_valid,
+)
 
-THROUGHPUT = [n for n in STRATEGIES if get_strategy(n).objective == "throughput"]
+NAMES = list(STRATEGIES)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_registry_entry_is_a_strategy_with_declared_params(name):
-    strategy = get_strategy(name)
-    assert isinstance(strategy, Strategy)
-    assert strategy.name == name
-    assert strategy.family
-    assert strategy.objective in ("throughput", "latency")
-    assert all(isinstance(p, Param) and p.name == k for k, p in strategy.params.items())
-    defaults = strategy.validate({})
-    assert set(defaults) == set(strategy.params)
+    check_declared_params(name)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_unknown_parameter_is_an_error_listing_the_valid_ones(name):
-    strategy = get_strategy(name)
-    with pytest.raises(UserError) as info:
-        strategy.validate({"no_such_param": 1})
-    message = str(info.value)
-    assert "no_such_param" in message
-    for param in strategy.params:
-        assert param in message
+    check_unknown_param_lists_valid(name)
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize("name", NAMES)
 def test_out_of_range_values_are_rejected(name):
-    strategy = get_strategy(name)
-    for param in strategy.params.values():
-        if param.kind in ("int", "float") and param.low is not None:
-            with pytest.raises(UserError, match="out of range"):
-                strategy.validate({param.name: param.low - 1})
+    check_out_of_range_rejected(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_run_on_simulated_executors_is_complete_checked_and_labelled_or_refused(name):
+    check_simulated_run(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_real_run_on_two_cpu_groups_matches_the_reference(name):
+    check_real_run(name)
 
 
 def test_unknown_strategy_lists_the_registry():
     with pytest.raises(UserError) as info:
-        get_strategy("round_robin")
-    for name in STRATEGIES:
+        get_strategy("round_robin_nope")
+    for name in NAMES:
         assert name in str(info.value)
 
 
-@pytest.mark.parametrize("name", THROUGHPUT)
-def test_strategy_run_on_simulated_pool_is_complete_checked_and_labelled(name):
-    workload = Workload.from_spec(WorkloadSpec(3000, (1, 28, 28)))
-    pool = VirtualPool(sim_pool_spec([1000.0, 2500.0], [0.002, 0.001]))
-    m = run_strategy(name, {}, pool, RunContext(ModelSpec("lenet"), workload))
-    assert m.output_ok, m.failures
-    assert m.simulated is True
-    assert sum(e.images for e in m.executors) == 3000
-    assert m.throughput_ips > 0 and m.limit_ips > 0
-    assert m.efficiency == pytest.approx(m.throughput_ips / m.limit_ips)
-    assert sum(u.size for u in m.timeline) == 3000
-    starts = sorted((u.start_image, u.size) for u in m.timeline)
-    assert [s for s, _ in starts] == list(np.cumsum([0] + [z for _, z in starts[:-1]]))
-    losses = m.losses()  # the profile of the gap to the limit accounts for all of it
-    assert set(losses) == {e.name for e in m.executors}
-    assert sum(sum(parts.values()) for parts in losses.values()) == pytest.approx(m.waste, abs=1e-9)
-    idle = [e.name for e in m.executors if e.images == 0]
-    assert all(losses[name]["before"] > 0 and losses[name]["slow"] == 0 for name in idle)
+def test_the_suite_catches_a_wrong_strategy():
+    """The shipped contract fails a strategy whose outputs are wrong (it can fail)."""
+    import tests.plugin_broken  # noqa: F401  (registers "broken")
+
+    with pytest.raises(AssertionError):
+        check_simulated_run("broken")
+
+
+class TestRoundRobinPlugin(StrategyContract):
+    """tests/plugin_round_robin.py uses public API only and passes the whole suite."""
+
+    strategy_name = "round_robin"
+
+    @pytest.fixture(autouse=True)
+    def _registered(self):
+        import tests.plugin_round_robin  # noqa: F401

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from autohet.context import RunContext
 from autohet.executors import ExecutorSpec, make_executor
 from autohet.models import ModelSpec, build_model
 from autohet.pool import LocalPool, load_pool
-from autohet.run import RunContext, run_strategy
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 
 
@@ -147,3 +148,47 @@ def test_standalone_of_a_slow_synchronous_executor_runs_one_batch_when_warm(lene
     calls.clear()
     ex.standalone_ips(min_seconds=0.0)
     assert calls == [16]  # no warm-up, and no second unit once min_seconds have passed
+
+
+def test_an_in_process_pool_pins_its_own_threads_not_the_caller(lenet_workload):
+    """Each executor runs on its own thread pinned to its cores; the caller's affinity and thread
+    count are what they were (a pinned caller would run every executor on the last one's cores)."""
+    import os
+
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    pool = LocalPool(load_pool("actors/cpu2.yaml"))
+    try:
+        run_strategy("fifo", {"c": 50}, pool, RunContext(ModelSpec("lenet"), lenet_workload,
+                                                           standalone_seconds=0.05))
+        seen = [w.call(lambda: (os.sched_getaffinity(0), torch.get_num_threads())) for w in pool.workers]
+    finally:
+        pool.shutdown()
+    assert seen == [({0}, 1), ({1}, 1)]
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+
+
+def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):
+    from autohet.tuning.trainable import trial_metrics
+
+    pool = LocalPool(load_pool("actors/cpu2.yaml"))
+    ctx = RunContext(ModelSpec("lenet"), lenet_workload, mode="latency", latency_runs=5)
+    try:
+        m = run_strategy("single", {}, pool, ctx)
+    finally:
+        pool.shutdown()
+    assert m.output_ok and m.limit_ips is None and m.efficiency is None and m.waste is None
+    metrics = trial_metrics(m)
+    assert "efficiency" not in metrics and "limit_ips" not in metrics and metrics["latency_p50_ms"] > 0
+
+
+def test_cpu_inductor_executor_matches_the_reference(lenet_workload):
+    """torch.compile on the CPU (lenet: the compile fits CI), partial batches padded to the compiled shape."""
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32, backend="inductor"), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    assert ex.describe()["compile_s"] > 0
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(5, 45))).numpy()
+    out = ex.run(5, 45).outputs  # one full batch and a partial one
+    assert np.max(np.abs(out - ref)) <= 1e-3 * np.max(np.abs(ref))
+    ex.configure({"batch": 32})  # unchanged: nothing compiled again
+    assert ex.describe()["compile_s"] == 0.0

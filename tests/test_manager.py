@@ -9,8 +9,8 @@ import pytest
 
 import autohet.pool.spec as pool_spec_module
 from autohet.models import ModelSpec
-from autohet.pool import PoolSpec, identity, load_pool
-from autohet.tuning.manager import PoolManager, executor_class
+from autohet.pool import PoolSpec, executor_class, identity, load_pool
+from autohet.tuning.manager import PoolManager
 from autohet.workload import Workload
 
 
@@ -47,7 +47,7 @@ def nine_core_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> PoolSpec:
     monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(9)), raising=False)
     monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 1)
     FakePool.made = []
-    return load_pool("actors/auto.yaml")
+    return load_pool("actors/gpu1_cpu.yaml")  # auto with one-core groups
 
 
 def _manager(base: PoolSpec, killed: list | None = None, max_live_actors: int | None = None) -> PoolManager:
@@ -63,9 +63,9 @@ def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_mach
     manager = _manager(base)
     assert manager.calibrate(0.1) == 1000.0 * 256 + 8 * 10.0
     pool = FakePool.made[-1]
-    assert pool.measured == [[0, 1]]  # the GPU, and the first of the eight identical CPU groups
+    assert pool.measured == [[0], [1]]  # the GPU, and the first of the eight identical CPU groups
     assert manager.standalone(0.1, None) == [256000.0] + [10.0] * 8
-    assert pool.measured == [[0, 1]]  # cached
+    assert pool.measured == [[0], [1]]  # cached
     assert manager.known_standalone(3) == 10.0 and manager.known_standalone(99) is None
     manager.acquire({}, {"gpu": {"batch": 128}})
     manager.standalone(0.1, None)
@@ -77,7 +77,7 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     manager = _manager(nine_core_gpu_machine, killed, max_live_actors=64)
     manager.calibrate(0.1)
     first = FakePool.made[-1]
-    spec, actors = manager.acquire({"cpu_group_size": 4}, {})
+    spec, actors, _ = manager.acquire({"cpu_group_size": 4}, {})
     second = FakePool.made[-1]
     assert second is not first and not killed  # the one-core groups stay alive, idle
     assert [e.cores for e in spec.executors] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8)]
@@ -87,7 +87,7 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     assert second.measured == [[1]]  # the GPU's figure came from the cache
     manager.acquire({"cpu_group_size": 4}, {})
     assert FakePool.made[-1] is second  # same topology: same pool
-    _, back = manager.acquire({}, {})  # the first topology again: every actor found alive
+    _, back, _ = manager.acquire({}, {})  # the first topology again: every actor found alive
     assert back == first.actors and len(FakePool.made[-1].adopted) == 9
     assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
                                "standalone_measured": 3}
@@ -96,10 +96,10 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
 def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
     killed: list = []
     manager = _manager(nine_core_gpu_machine, killed)
-    _, actors = manager.acquire({}, {})
+    _, actors, _ = manager.acquire({}, {})
     manager.replace([2, 3])
     assert killed == [actors[2], actors[3]]
-    _, again = manager.acquire({}, {})
+    _, again, _ = manager.acquire({}, {})
     fresh = FakePool.made[-1]
     assert len(fresh.adopted) == 7 and again[2] != actors[2] and again[4] == actors[4]
 
@@ -107,7 +107,7 @@ def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_
 def test_least_recently_used_idle_actors_are_ended_above_the_cap(nine_core_gpu_machine: PoolSpec) -> None:
     killed: list = []
     manager = _manager(nine_core_gpu_machine, killed, max_live_actors=5)
-    _, one_core = manager.acquire({}, {})  # 9 actors: over the cap, but all in use
+    _, one_core, _ = manager.acquire({}, {})  # 9 actors: over the cap, but all in use
     assert not killed
     manager.acquire({"cpu_group_size": 4}, {})  # gpu + 2 groups in use: 6 of the 8 idle one-core groups go
     assert len(killed) == 6 and set(killed) <= set(one_core[1:]) and len(manager.live) == 5

@@ -4,7 +4,16 @@ import numpy as np
 import pytest
 
 from autohet.errors import UserError
-from autohet.params import Param, parse_set_options, validate_params
+from autohet.params import (
+    BoolParam,
+    ChoiceParam,
+    FloatListParam,
+    FloatParam,
+    IntListParam,
+    IntParam,
+    parse_set_options,
+    validate_params,
+)
 from autohet.workload import MAX_DISTINCT_BYTES, Workload, WorkloadSpec
 
 
@@ -16,7 +25,7 @@ def test_set_options_are_yaml_scalars():
 
 
 def test_param_coercion_and_ranges():
-    declared = {"c": Param("c", "int", 8, 1, 100), "p": Param("p", "choice", "a", choices=("a", "b"))}
+    declared = {"c": IntParam("c", 8, low=1, high=100), "p": ChoiceParam("p", "a", choices=("a", "b"))}
     assert validate_params("x", declared, {"c": "12"}) == {"c": 12, "p": "a"}
     with pytest.raises(UserError, match="must be int"):
         validate_params("x", declared, {"c": "twelve"})
@@ -24,6 +33,22 @@ def test_param_coercion_and_ranges():
         validate_params("x", declared, {"p": "z"})
     with pytest.raises(UserError, match="out of range"):
         validate_params("x", declared, {"c": 101})
+
+
+def test_each_param_kind_converts_checks_and_says_whether_it_contains_a_value():
+    assert IntParam("n", low=0, high=3).coerce("2", "x") == 2
+    with pytest.raises(UserError, match="must be int"):
+        IntParam("n").coerce(2.5, "x")
+    assert FloatParam("r", low=0.0, high=1.0).contains(0.5) and not FloatParam("r", low=0.0, high=1.0).contains(2.0)
+    assert BoolParam("b").coerce("yes", "x") is True
+    with pytest.raises(UserError, match="must be bool"):
+        BoolParam("b").coerce("maybe", "x")
+    assert IntListParam("v", low=0).coerce("[1, 2]", "x") == [1, 2]
+    with pytest.raises(UserError, match="out of range"):
+        IntListParam("v", low=0).coerce([1, -1], "x")
+    assert FloatListParam("w").coerce([1, 2], "x") == [1.0, 2.0]
+    assert ChoiceParam("u", choices=(1, 2)).coerce("2", "x") == 2  # YAML/CLI text matches the choice
+    assert not IntParam("n").contains(True) and not IntParam("n").contains("3")
 
 
 def test_synthetic_workload_is_seeded_and_bounded():

@@ -122,25 +122,34 @@ def test_bad_inputs_raise_user_errors() -> None:
         partition(torch.nn.Linear(2, 2))
 
 
-def test_placement_on_a_partitioned_model_runs_end_to_end() -> None:
-    from autohet.backends import PlacedModel, PlacementMeasure, measure_blocks
-    from autohet.placement import place, problem_from_graph
+def test_placement_on_a_partitioned_model_runs_end_to_end_on_the_engine() -> None:
+    from autohet.engine import CpuDevice, Engine
+    from autohet.engine.blocks import BlockPrograms, segments
+    from autohet.planners import place, problem_from_graph
 
     graph = partition("lenet", batch=1)
-    times = measure_blocks(graph, ["cpu"], runs=3, warmup=1)
-    assert set(times) == {(b, "cpu") for b in graph.names} and all(t > 0 for t in times.values())
-    problem = problem_from_graph(graph, ["cpu"], times)
-    assert problem.edge_bytes[(graph.names[-1], "output")] == 10 * 4
-    result = place(problem, x=1)
-    assert result.assignment == dict.fromkeys(graph.names, "cpu")
-    assert result.time_s == pytest.approx(sum(times.values()))
-    measure = PlacementMeasure(graph, runs=3, warmup=1)
-    measured = place(problem, measure=measure, x=1)
-    assert measured.measured and measure.calls == 1 and measured.time_s > 0
-    placed = PlacedModel(graph, result.assignment)
-    x = torch.randn(1, 1, 28, 28)
-    with torch.no_grad():
-        assert (placed(x) - graph.run(x)).abs().max().item() == 0.0
+    engine = Engine([CpuDevice("a", (0,)), CpuDevice("b", (1,))])
+    try:
+        programs = BlockPrograms(engine, graph)
+        times = programs.block_times(["a"], runs=3, warmup=1)
+        assert set(times) == {(b, "a") for b in graph.names} and all(t > 0 for t in times.values())
+        problem = problem_from_graph(graph, ["a"], times)
+        assert problem.edge_bytes[(graph.names[-1], "output")] == 10 * 4
+        result = place(problem, x=1)
+        assert result.assignment == dict.fromkeys(graph.names, "a")
+        assert result.time_s == pytest.approx(sum(times.values()))
+        calls = []
+        measured = place(problem, measure=lambda a: calls.append(a) or programs.measure(a, runs=3, warmup=1), x=1)
+        assert measured.measured and len(calls) == 1 and measured.time_s > 0
+        x = torch.randn(1, 1, 28, 28)
+        split = {b: ("a" if i % 2 == 0 else "b") for i, b in enumerate(graph.names)}  # every cut crosses devices
+        assert len(segments(graph, split)) == len(graph.names)
+        with torch.no_grad():
+            ref = graph.run(x)
+            for assignment in (result.assignment, split):
+                assert (programs.run(assignment, x) - ref).abs().max().item() == 0.0
+    finally:
+        engine.close()
 
 
 class _ShapeBranch(torch.nn.Module):

@@ -11,14 +11,15 @@ import pytest
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
-from autohet.placement import Problem, decode, greedy, linear_transfer, place
+from autohet.planners import Problem, decode, greedy, linear_transfer, place
 from autohet.pool import PoolSpec
 from autohet.strategies.placement import check_vector
-from autohet.tuning.space import SearchSpace, SpaceContext, load_search_space
-from autohet.tuning.tuner import DefineByRun, block_count, initial_points, space_context
+from autohet.tuning.initial import initial_points
+from autohet.tuning.space import DefineByRun, SearchSpace, SpaceContext, load_search_space
+from autohet.tuning.tuner import block_count, space_context
 
 DEVS = ["cpu", "gpu"]
-CPU_GPU = SpaceContext(pool_size=2, kinds=frozenset({"cpu", "gpu"}), blocks=5, devices=2)
+CPU_GPU = SpaceContext({"executors": 2, "blocks": 5, "devices": 2}, frozenset({"cpu", "gpu"}))
 
 
 def _myopic() -> Problem:
@@ -30,7 +31,7 @@ def _myopic() -> Problem:
 # --- the algorithm: a given start, x=0 ------------------------------------------------------------
 
 def test_given_start_with_x0_is_measured_as_given_and_skips_greedy(monkeypatch) -> None:
-    import autohet.placement._search as search
+    import autohet.planners._placement as search
 
     monkeypatch.setattr(search, "greedy", lambda *a, **k: pytest.fail("greedy must not run for a given start"))
     calls: list[dict[str, str]] = []
@@ -129,7 +130,7 @@ def test_gate_is_suggested_first_whatever_the_yaml_order(tmp_path) -> None:
 
 
 def test_one_device_pool_suggests_no_vector() -> None:
-    cpu_only = SpaceContext(pool_size=2, kinds=frozenset({"cpu"}), blocks=5, devices=1)
+    cpu_only = SpaceContext({"executors": 1, "blocks": 5, "devices": 1}, frozenset({"cpu"}))
     trials = _placement_trials(load_search_space("search_spaces"), cpu_only)
     assert any(p["placement.start"] == "given" for p in trials)
     assert not any("assignment_" in k for p in trials for k in p)
@@ -162,13 +163,14 @@ def test_space_context_partitions_only_when_a_vector_can_be_searched(monkeypatch
     import autohet.tuning.tuner as tuner
 
     space = load_search_space("search_spaces")
-    cpu = PoolSpec("cpu", [ExecutorSpec("cpu0", "cpu", cores=(0,)), ExecutorSpec("cpu1", "cpu", cores=(1,))])
+    one = PoolSpec("cpu", [ExecutorSpec("cpu01", "cpu", cores=(0, 1))])
     mixed = PoolSpec("mixed", [ExecutorSpec("cpu0", "cpu", cores=(0,)), ExecutorSpec("gpu0", "gpu", gpu=0)])
-    monkeypatch.setattr(tuner, "block_count", lambda model: pytest.fail("no partition on a CPU-only pool"))
-    assert space_context(space, cpu, ModelSpec("lenet"), False) == SpaceContext(2, frozenset({"cpu"}), False, 0, 1)
+    monkeypatch.setattr(tuner, "block_count", lambda model: pytest.fail("no partition for a one-device pool"))
+    assert space_context(space, one, ModelSpec("lenet"), False) == SpaceContext(
+        {"executors": 1, "devices": 1}, frozenset({"cpu"}), False)
     monkeypatch.setattr(tuner, "block_count", lambda model: 7)
     ctx = space_context(space, mixed, ModelSpec("lenet"), False)
-    assert (ctx.blocks, ctx.devices, ctx.kinds) == (7, 2, frozenset({"cpu", "gpu"}))
+    assert (ctx.size("blocks"), ctx.size("devices"), ctx.kinds) == (7, 2, frozenset({"cpu", "gpu"}))
     define = pickle.loads(pickle.dumps(DefineByRun(space, ctx)))  # Tune checkpoints the searcher
     assert define.ctx == ctx
     points = initial_points(space, mixed)
@@ -188,21 +190,21 @@ def test_block_count_is_the_real_partition_and_cached() -> None:
 # --- the strategy, in-process on this machine's CPU --------------------------------------------------
 
 def _lenet_ctx(runs: int = 8):
-    from autohet.run import RunContext
+    from autohet.context import RunContext
     from autohet.workload import Workload, WorkloadSpec
 
     workload = Workload.from_spec(WorkloadSpec(16, (1, 28, 28)))
-    return RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=runs)
+    return RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=runs)
 
 
 def _local_pool():
     from autohet.pool import LocalPool, load_pool
 
-    return LocalPool(load_pool("actors/cpu2.yaml"))
+    return LocalPool(load_pool("actors/cpu1.yaml"))  # one device: the CPU group of both cores
 
 
 def test_given_vector_runs_as_given_on_a_cpu_pool_and_is_recorded() -> None:
-    from autohet.run import run_strategy
+    from autohet.running import run_strategy
 
     n = block_count(ModelSpec("lenet"))
     vector = [0] * n
@@ -211,12 +213,12 @@ def test_given_vector_runs_as_given_on_a_cpu_pool_and_is_recorded() -> None:
     assert m.output_ok and m.max_abs_diff < 1e-4
     assert m.extra["start"] == "given" and m.extra["start_vector"] == vector
     assert m.extra["assignment_vector"] == vector and m.extra["rounds"] == 0 and m.extra["greedy"] is None
-    assert m.extra["start_assignment"] == m.extra["assignment"] == dict.fromkeys(m.extra["blocks"], "cpu")
+    assert m.extra["start_assignment"] == m.extra["assignment"] == dict.fromkeys(m.extra["blocks"], "cpu01")
     assert m.params["assignment"] == vector and m.params["start"] == "given"
 
 
 def test_given_start_without_vector_on_a_cpu_pool_is_all_cpu_and_exported() -> None:
-    from autohet.run import run_strategy
+    from autohet.running import run_strategy
 
     m = run_strategy("placement", {"start": "given", "x": 0, "runs": 2}, _local_pool(), _lenet_ctx())
     assert m.output_ok
@@ -224,20 +226,20 @@ def test_given_start_without_vector_on_a_cpu_pool_is_all_cpu_and_exported() -> N
 
 
 def test_wrong_length_or_index_is_a_one_line_user_error() -> None:
-    from autohet.run import run_strategy
+    from autohet.running import run_strategy
 
     n = block_count(ModelSpec("lenet"))
     with pytest.raises(UserError) as info:
         run_strategy("placement", {"start": "given", "assignment": [0], "x": 0}, _local_pool(), _lenet_ctx())
     assert "\n" not in str(info.value) and f"1 entries; expected {n}" in str(info.value)
-    with pytest.raises(UserError, match=r"device index 1; valid: 0 \(cpu\)"):
+    with pytest.raises(UserError, match=r"device index 1; valid: 0 \(cpu01\)"):
         run_strategy("placement", {"start": "given", "assignment": [1] * n}, _local_pool(), _lenet_ctx())
 
 
 @pytest.mark.ray
 def test_wrong_length_through_the_ray_actor_is_the_same_one_line_error(ray_local) -> None:
     from autohet.pool import RayPool, load_pool
-    from autohet.run import run_strategy
+    from autohet.running import run_strategy
 
     pool = RayPool(load_pool("actors/cpu1.yaml"))
     try:

@@ -28,6 +28,14 @@ def test_auto_reserves_a_core_per_gpu_and_groups_the_rest():
     assert [e.cores for e in cpu_only] == [(0,), (1,)]
 
 
+def test_auto_group_size_is_one_core_without_a_gpu_and_four_next_to_one():
+    assert [e.cores for e in detect_executors([0, 1, 2], 0, {"cpu_group_size": "auto"})] == [(0,), (1,), (2,)]
+    gpu_box = detect_executors(list(range(16)), 1, {})
+    assert [e.cores for e in gpu_box] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15)]
+    with pytest.raises(UserError, match="auto or a whole number"):
+        detect_executors([0], 0, {"cpu_group_size": "big"})
+
+
 def test_auto_yaml_on_this_machine_matches_its_cores():
     import os
 
@@ -39,7 +47,7 @@ def test_auto_yaml_on_this_machine_matches_its_cores():
     ("executors: [", "not valid YAML"),
     ("version: 7\nexecutors: []", "version 7"),
     ("executors: []", "non-empty list"),
-    ("executors:\n  - {name: a, kind: tpu}", "kind: cpu, gpu or sim"),
+    ("executors:\n  - {name: a, kind: tpu}", "kind: one of cpu, gpu, sim"),
     ("executors:\n  - {name: a, kind: cpu}", "needs cores"),
     ("executors:\n  - {name: a, kind: cpu, cores: [0], batchsize: 3}", "unknown key 'batchsize'"),
     ("executors:\n  - {name: a, kind: cpu, cores: [0], precision: fp8}", "one of fp32"),

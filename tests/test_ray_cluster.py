@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from autohet.context import RunContext
 from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
 from autohet.pool import PoolSpec, RayPool
-from autohet.run import RunContext, run_strategy
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

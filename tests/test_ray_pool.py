@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from autohet.context import RunContext
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
 from autohet.pool import PoolSpec, RayPool, load_pool
-from autohet.run import RunContext, run_strategy
+from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
 
 pytestmark = [pytest.mark.ray]

@@ -7,8 +7,8 @@ import pytest
 
 from autohet.errors import UserError
 from autohet.pool import load_pool
-from autohet.tuning.space import SearchSpace, SpaceContext, load_search_space
-from autohet.tuning.tuner import DefineByRun, initial_points
+from autohet.tuning.initial import initial_points
+from autohet.tuning.space import OPTUNA_TRIAL_KEY, DefineByRun, SearchSpace, SpaceContext, load_search_space
 
 
 def write(tmp_path, name, text):
@@ -25,11 +25,11 @@ def test_repo_spaces_cover_every_registered_data_parallel_strategy():
 def test_define_by_run_suggests_strategy_first_then_only_its_params():
     space = load_search_space("search_spaces")
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
-    define = DefineByRun(space, SpaceContext(pool_size=3, kinds=frozenset({"cpu"}), pool_dims=True))
+    define = DefineByRun(space, SpaceContext({"executors": 3}, frozenset({"cpu"}), pool_dims=True))
     seen = set()
     for _ in range(60):
         trial = study.ask()
-        define(trial)
+        assert define(trial) == {OPTUNA_TRIAL_KEY: trial.number}  # ties the Tune trial to the Optuna one
         strategy = trial.params["strategy"]
         seen.add(strategy)
         own = {k for k in trial.params if "." in k and not k.startswith(("exec.", "pool."))}
@@ -71,7 +71,7 @@ def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
     assert sum(p["strategy"] == "single" for p in points) == 1  # both executors are 1-core CPUs
     assert {p["strategy"] for p in points} == set(space.strategies)
     fast = next(p for p in points if p["strategy"] == "fast_split")
-    assert fast["fast_split.w_s"] == 64 and fast["exec.cpu.batch"] == 64
+    assert fast["fast_split.w_s"] == 64 and fast["exec.cpu.batch"] == 64  # the seed's defaults on a CPU-only pool
 
 
 def test_restrict_keeps_single_and_checks_names():
@@ -82,14 +82,18 @@ def test_restrict_keeps_single_and_checks_names():
 
 
 @pytest.mark.parametrize("text, fragment", [
-    ("strategies: {fifo: {c: {type: int, low: 5}}}", "needs numeric low and high"),
+    ("strategies: {fifo: {c: {type: int, low: 5}}}", "needs a numeric high"),
     ("strategies: {fifo: {c: {type: int, low: 9, high: 2}}}", "low 9 > high 2"),
     ("strategies: {fifo: {size: {type: int, low: 1, high: 2}}}", "no parameter 'size'; valid: c"),
     ("strategies: {roundrobin: {}}", "is not registered; valid:"),
     ("strategies: {fifo: {c: {type: gaussian}}}", "type: one of"),
     ("strategies: {fifo: {c: {type: categorical, choices: []}}}", "non-empty choices"),
     ("strategies: {fifo: {c: {type: float, low: 0, high: 1, log: true}}}", "low must be > 0"),
-    ("executors: {tpu: {batch: {type: categorical, choices: [1]}}}", "not cpu, gpu or sim"),
+    ("executors: {tpu: {batch: {type: categorical, choices: [1]}}}", "not one of cpu, gpu, sim"),
+    ("executors: {cpu: {sms: {type: categorical, choices: [8]}}}", "no parameter 'sms'"),
+    ("strategies: {fifo: {c: {type: int, low: 0, high: 8}}}", "would suggest 0, which the parameter refuses"),
+    ("strategies: {fifo: {unit: {type: categorical, choices: [images, frames]}}}", "would suggest 'frames'"),
+    ("strategies: {fifo: {c: {type: int, low: 1, high: 8, size: 3}}}", "unknown key 'size'; valid for int"),
     ("executors: {cpu: {threads: {type: categorical, choices: [1]}}}", "no parameter 'threads'"),
     ("strategies: [", "not valid YAML"),
     ("famly: x", "unknown key 'famly'"),
@@ -107,8 +111,11 @@ def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
     space = load_search_space("search_spaces")
     mixed = PoolSpec("mixed", [ExecutorSpec("gpu0", "gpu", (0,), gpu=0, batch=256, precision="fp16"),
                                ExecutorSpec("cpu0", "cpu", (1,), batch=16)])
-    singles = [p for p in initial_points(space, mixed) if p["strategy"] == "single"]
-    gpu = sorted(p["exec.gpu.batch"] for p in singles if p["single.executor"] == 0)
+    points = initial_points(space, mixed)
+    singles = [p for p in points if p["strategy"] == "single"]
+    gpu = sorted({p["exec.gpu.batch"] for p in singles if p["single.executor"] == 0})
     assert gpu == sorted(space.executors["gpu"]["batch"].choices)
+    fast = next(p for p in points if p["strategy"] == "fast_split")  # defaults that suit a GPU next to cores
+    assert (fast["fast_split.unit"], fast["fast_split.w_s"], fast["fast_split.threshold"]) == ("batches", 2, 1)
     assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
     assert [p["single.executor"] for p in singles].count(1) == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from autohet.backends import PlacedModel, TorchRunner, TvmRunner, make_runner, time_runner
+from autohet.backends import TorchRunner, TvmRunner, make_runner, time_runner
 from autohet.errors import UserError
 from autohet.partition import partition
 
@@ -41,14 +41,27 @@ def test_tvm_cpu_block_matches_torch_and_is_cached(tvm_dir: Path) -> None:
     assert len(time_runner(again, x, runs=3, warmup=1)) == 3
 
 
+def _engine(*devices: str):
+    from autohet.engine import CpuDevice, Engine, GpuDevice
+
+    return Engine([CpuDevice(d, (0,)) if d.startswith("cpu") else GpuDevice(d, 0) for d in devices])
+
+
 def test_placed_model_mixes_backends(tvm_dir: Path) -> None:
+    from autohet.engine.blocks import BlockPrograms
+
     graph = partition("lenet", batch=1)
     x = torch.randn(1, 1, 28, 28)
     backends = {graph.names[0]: "tvm", graph.names[1]: "torch", graph.names[2]: "tvm"}
-    placed = PlacedModel(graph, dict.fromkeys(graph.names, "cpu"), backend=backends)
-    assert isinstance(placed.runners[graph.names[1]], TorchRunner)
-    with torch.no_grad():
-        assert (placed(x) - graph.run(x)).abs().max().item() < 1e-4
+    engine = _engine("cpu0")
+    try:
+        programs = BlockPrograms(engine, graph, backends)
+        assert isinstance(programs.runner(graph.names[1], "cpu0"), TorchRunner)
+        assert isinstance(programs.runner(graph.names[0], "cpu0"), TvmRunner)
+        with torch.no_grad():
+            assert (programs.run(dict.fromkeys(graph.names, "cpu0"), x) - graph.run(x)).abs().max().item() < 1e-4
+    finally:
+        engine.close()
 
 
 def test_bad_backend_inputs(tvm_dir: Path) -> None:
@@ -59,8 +72,6 @@ def test_bad_backend_inputs(tvm_dir: Path) -> None:
         make_runner(graph, graph.names[0], "cpu", "onnx")
     with pytest.raises(UserError, match="unknown block"):
         make_runner(graph, "nope", "cpu", "torch")
-    with pytest.raises(UserError, match="no device for block"):
-        PlacedModel(graph, {graph.names[0]: "cpu"})
     if not torch.cuda.is_available():
         with pytest.raises(UserError, match="no CUDA GPU"):
             make_runner(graph, graph.names[0], "cuda", "torch")
@@ -78,11 +89,17 @@ def test_tvm_cuda_block_matches_torch(tvm_dir: Path) -> None:
     got = runner(*(t.cuda() for t in x))
     assert got.is_cuda
     assert (got.cpu() - want).abs().max().item() < 1e-3
-    placed = PlacedModel(graph, {graph.names[0]: "cpu", graph.names[1]: "cuda", graph.names[2]: "cpu"},
-                         backend="tvm")
-    full = torch.randn(2, 1, 28, 28)
-    with torch.no_grad():
-        assert (placed(full) - graph.run(full)).abs().max().item() < 1e-3
+    from autohet.engine.blocks import BlockPrograms
+
+    engine = _engine("cpu0", "gpu0")
+    try:
+        programs = BlockPrograms(engine, graph, "tvm")
+        full = torch.randn(2, 1, 28, 28)
+        mixed = {graph.names[0]: "cpu0", graph.names[1]: "gpu0", graph.names[2]: "cpu0"}
+        with torch.no_grad():
+            assert (programs.run(mixed, full) - graph.run(full)).abs().max().item() < 1e-3
+    finally:
+        engine.close()
 
 
 @pytest.mark.gpu
@@ -90,15 +107,15 @@ def test_tvm_cuda_block_matches_torch(tvm_dir: Path) -> None:
 def test_tvm_cuda_kernels_from_the_libnvrtc_fallback_run(tvm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback compiler (libnvrtc through ctypes, no headers) on a real GPU, whichever one
     ensure_cuda would pick on this machine."""
-    from autohet.backends import _tvm
+    from autohet.backends.tvm import _toolchain, tvm_target
 
-    libs = _tvm._find_lib("libnvrtc")
+    libs = _toolchain._find_lib("libnvrtc")
     if not libs:
         pytest.skip("no libnvrtc found")
-    arch = _tvm.tvm_target("cuda")[0]["arch"]
+    arch = tvm_target("cuda")[0]["arch"]
     before = os.environ.get("AUTOHET_TVM_CUDA_COMPILER")
     monkeypatch.setenv("AUTOHET_TVM_CUDA_COMPILER", f"nvrtc:{libs[0]}")
-    monkeypatch.setattr(_tvm, "_APPLIED", {})
+    monkeypatch.setattr(_toolchain, "_APPLIED", {})
     try:
         graph = partition("lenet", batch=2)
         block = graph.blocks[0]
@@ -109,8 +126,8 @@ def test_tvm_cuda_kernels_from_the_libnvrtc_fallback_run(tvm_dir: Path, monkeypa
         assert (got.cpu() - block.module(*x).detach()).abs().max().item() < 1e-3
     finally:
         if before:  # the callback registration is process-wide: put back the one chosen before
-            _tvm._APPLIED.clear()
-            _tvm._apply_mode(before, arch)
+            _toolchain._APPLIED.clear()
+            _toolchain._apply_mode(before, arch)
 
 
 @pytest.mark.slow
@@ -133,7 +150,7 @@ def test_metaschedule_tuning_in_a_child_process_fills_a_reused_database(tvm_dir:
 
 @pytest.mark.slow
 def test_tune_session_budget_stops_the_search_and_serves_a_second_job(tvm_dir: Path) -> None:
-    from autohet.backends._tvm_tune import TuneSession
+    from autohet.backends.tvm import TuneSession
 
     graph = partition("lenet", batch=1)
     with TuneSession("cpu") as session:
@@ -166,21 +183,21 @@ def test_bench_tvm_gpu_smoke_tunes_and_times_lenet_on_the_cpu(tvm_dir: Path, tmp
 
 
 def test_no_cuda_compiler_is_a_one_line_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autohet.backends import _tvm
+    from autohet.backends.tvm import _toolchain
 
     monkeypatch.delenv("AUTOHET_TVM_CUDA_COMPILER", raising=False)
     monkeypatch.delenv("AUTOHET_NVRTC_LIB", raising=False)
     monkeypatch.delenv("TVM_CUDA_COMPILE_MODE", raising=False)
-    monkeypatch.setattr(_tvm, "_APPLIED", {})
-    monkeypatch.setattr(_tvm, "_find_lib", lambda stem: [])
-    monkeypatch.setattr(_tvm, "_nvcc_dir", lambda: None)
+    monkeypatch.setattr(_toolchain, "_APPLIED", {})
+    monkeypatch.setattr(_toolchain, "_find_lib", lambda stem: [])
+    monkeypatch.setattr(_toolchain, "_nvcc_dir", lambda: None)
 
     def no_compiler() -> None:
         raise RuntimeError("Cannot find CUDA path\nmore")
 
-    monkeypatch.setattr(_tvm, "_probe", no_compiler)
+    monkeypatch.setattr(_toolchain, "_probe", no_compiler)
     with pytest.raises(UserError) as err:
-        _tvm._ensure_cuda_compiler({"kind": "cuda", "arch": "sm_90"})
+        _toolchain._ensure_cuda_compiler({"kind": "cuda", "arch": "sm_90"})
     message = str(err.value)
     assert "\n" not in message and "sm_90" in message and "Cannot find CUDA path" in message
     assert "libnvrtc (not found)" in message and "nvidia-cuda-nvrtc" in message and "nvcc" in message
@@ -191,17 +208,17 @@ def test_nvrtc_fallback_compiles_tvm_cuda_code_without_headers() -> None:
     """TVM's generated CUDA C compiled by libnvrtc alone (skipped where no libnvrtc is installed)."""
     import tvm
 
-    from autohet.backends import _tvm
+    from autohet.backends.tvm import _toolchain, to_relax
 
-    libs = _tvm._find_lib("libnvrtc")
+    libs = _toolchain._find_lib("libnvrtc")
     if not libs:
         pytest.skip("no libnvrtc here (pip install nvidia-cuda-nvrtc)")
-    nvrtc = _tvm._Nvrtc(libs[0])
+    nvrtc = _toolchain._Nvrtc(libs[0])
     nvrtc.include_dirs = []  # the header-free stub only
-    sources = [_tvm._PROBE]
+    sources = [_toolchain._PROBE]
     if not tvm.runtime.enabled("cuda"):  # without TVM's CUDA runtime the module keeps its CUDA source
         block = partition("lenet", batch=1).blocks[0]
-        mod, _ = _tvm.to_relax(block, block.example_inputs())
+        mod, _ = to_relax(block, block.example_inputs())
         lib = tvm.compile(mod, tvm.target.Target({"kind": "cuda", "arch": "sm_90", "max_threads_per_block": 1024}))
         stack, sources = [lib.mod], []
         while stack:
@@ -215,7 +232,7 @@ def test_nvrtc_fallback_compiles_tvm_cuda_code_without_headers() -> None:
 
 
 def test_partial_database_lines_are_dropped(tmp_path: Path) -> None:
-    from autohet.backends._tvm_tune import _count_lines, _repair_jsonl
+    from autohet.backends.tvm._tune_parent import _count_lines, _repair_jsonl
 
     path = tmp_path / "database_tuning_record.json"
     path.write_bytes(b'[0, [1, 2]]\n[1, [3, 4]]\n[2, [5,')
@@ -228,9 +245,10 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
     """backend=per_block: each (block, device) runs with torch or TVM, whichever measured faster;
     the placed model still matches the reference and both whole-model baselines are measured."""
     import autohet.strategies.placement as placement_mod
+    from autohet.context import RunContext
     from autohet.models import ModelSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.run import RunContext, run_strategy
+    from autohet.running import run_strategy
     from autohet.workload import Workload, WorkloadSpec
 
     def refuse(model: str, devices: list[str]) -> None:
@@ -239,26 +257,27 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
     monkeypatch.setattr(placement_mod, "_require_tuned", refuse)
     monkeypatch.setattr(placement_mod, "tvm_ready", lambda model, devices: list(devices))  # as if tuned
     workload = Workload.from_spec(WorkloadSpec(32, (1, 28, 28)))
-    ctx = RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=10)
+    ctx = RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=10)
     m = run_strategy("placement", {"runs": 3, "backend": "per_block"}, LocalPool(load_pool("actors/cpu1.yaml")), ctx)
     assert m.output_ok and m.max_abs_diff < 1e-4
     times = m.extra["block_times_ms"]
     for block, kind in m.extra["block_backend"].items():
         other = "tvm" if kind == "torch" else "torch"
-        assert times[f"{block}@cpu/{kind}"] <= times[f"{block}@cpu/{other}"]
-    assert {"cpu/torch", "cpu/tvm"} <= set(m.extra["baselines_p50_ms"])
+        assert times[f"{block}@cpu01/{kind}"] <= times[f"{block}@cpu01/{other}"]
+    assert {"cpu01/torch", "cpu01/tvm"} <= set(m.extra["baselines_p50_ms"])
 
 
 def test_placement_per_block_without_a_database_measures_torch_only(tvm_dir: Path) -> None:
     """No MetaSchedule database: TVM is not timed at all (untuned it would cost minutes and lose)."""
+    from autohet.context import RunContext
     from autohet.models import ModelSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.run import RunContext, run_strategy
+    from autohet.running import run_strategy
     from autohet.workload import Workload, WorkloadSpec
 
     workload = Workload.from_spec(WorkloadSpec(16, (1, 28, 28)))
-    ctx = RunContext(ModelSpec("lenet"), workload, objective="latency", latency_runs=5)
+    ctx = RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=5)
     m = run_strategy("placement", {"runs": 2, "backend": "per_block"}, LocalPool(load_pool("actors/cpu1.yaml")), ctx)
     assert m.output_ok
     assert set(m.extra["block_backend"].values()) == {"torch"}
-    assert set(m.extra["baselines_p50_ms"]) == {"cpu/torch"}
+    assert set(m.extra["baselines_p50_ms"]) == {"cpu01/torch"}

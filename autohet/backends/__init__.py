@@ -1,43 +1,34 @@
 """Block runners: a block of a partitioned model on one device, run by PyTorch or by Apache TVM.
 
-``make_runner(graph, block, device, backend)`` gives a callable on torch tensors;
-``PlacedModel(graph, assignment)`` runs a whole model with blocks on several devices;
-``tune_blocks`` tunes blocks with MetaSchedule in a child process, ``TuneSession`` keeps that process for
-several jobs (tvm imported lazily).
+``make_runner(graph, block, device, backend)`` gives a callable on torch tensors (placed models run
+on ``autohet.engine``); ``tune_blocks`` tunes blocks with MetaSchedule in a child process,
+``TuneSession`` keeps that process for several jobs (tvm imported lazily).
 """
 
 from __future__ import annotations
 
 from autohet.backends._base import BlockRunner, parse_device, parse_dtype, time_runner
-from autohet.backends._placed import (
-    BACKENDS,
-    PlacedModel,
-    PlacementMeasure,
-    make_runner,
-    measure_blocks,
-    measure_links,
-)
+from autohet.backends._make import BACKENDS, backend_of, make_runner
 from autohet.backends._torch import TorchRunner
 
 __all__ = [
-    "BACKENDS", "BlockRunner", "PlacedModel", "PlacementMeasure", "TorchRunner", "TvmRunner", "TuneResult",
-    "TuneSession", "make_runner", "measure_blocks", "measure_links", "parse_device", "parse_dtype", "time_runner",
-    "tune_blocks", "tvm_target",
+    "BACKENDS", "BlockRunner", "TorchRunner", "TvmRunner", "TuneResult", "TuneSession", "backend_of", "make_runner",
+    "parse_device", "parse_dtype", "time_runner", "tune_blocks", "tvm_target",
 ]
 
 
 def __getattr__(name: str) -> object:
     """TvmRunner, tune_blocks, TuneSession, TuneResult and tvm_target load tvm-side modules only when asked for."""
     if name == "TvmRunner":
-        from autohet.backends._tvm import TvmRunner
+        from autohet.backends.tvm import TvmRunner
 
         return TvmRunner
     if name == "tvm_target":
-        from autohet.backends._tvm import tvm_target
+        from autohet.backends.tvm import tvm_target
 
         return tvm_target
     if name in ("tune_blocks", "TuneResult", "TuneSession"):
-        from autohet.backends import _tvm_tune
+        from autohet.backends import tvm as tvm_backend
 
-        return getattr(_tvm_tune, name)
+        return getattr(tvm_backend, name)
     raise AttributeError(name)

@@ -7,10 +7,10 @@ from typing import Any
 
 from autohet.errors import UserError
 from autohet.models import ModelSpec, input_shape
-from autohet.pool import LocalPool, Pool, PoolSpec, RayPool, check_local_devices, load_pool
-from autohet.workload import Workload, WorkloadSpec
+from autohet.pool import LocalPool, Pool, PoolSpec, RayPool, check_local_devices
 
-__all__ = ["add_model_args", "add_pool_args", "make_pool", "make_workload", "table"]
+__all__ = ["add_model_args", "add_pool_args", "add_workload_args", "make_pool", "model_spec", "require_positive",
+           "summary_table", "table"]
 
 
 def add_model_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
@@ -30,7 +30,8 @@ def add_pool_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_workload_args(parser: argparse.ArgumentParser, default_images: int = 10000) -> None:
-    parser.add_argument("--images", type=int, default=default_images, help="number of images")
+    parser.add_argument("--images", type=int, default=None,
+                        help=f"number of images (default {default_images}, or the config's)")
     parser.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic images")
     parser.add_argument("--npy", help="an .npy file of N images instead of synthetic ones")
     parser.add_argument("--check-images", type=int, default=64,
@@ -40,24 +41,10 @@ def add_workload_args(parser: argparse.ArgumentParser, default_images: int = 100
 def model_spec(args: argparse.Namespace) -> ModelSpec:
     spec = ModelSpec(args.model, args.weights_seed, args.checkpoint)
     input_shape(spec.name)  # validates the name early
-    return spec
+    if spec.checkpoint:
+        from autohet.models import check_checkpoint
 
-
-def make_workload(model: ModelSpec, images: int, seed: int = 0, npy: str | None = None) -> Workload:
-    return Workload.from_spec(WorkloadSpec(images, input_shape(model.name), seed, npy))
-
-
-def resolve_pool(path: str | None, address: str | None) -> PoolSpec:
-    """Reads the pool file; on a cluster, ``auto`` spans every node."""
-    if address and (path in (None, "auto") or str(path).endswith("auto.yaml")):
-        from autohet.pool.cluster import detect_cluster_pool
-        from autohet.ray_runtime import init_ray
-
-        init_ray(address)
-        return detect_cluster_pool(path)
-    spec = load_pool(path)
-    if not address:
-        check_local_devices(spec)
+        check_checkpoint(spec)  # a bad file fails here, in one line, not inside an executor
     return spec
 
 
@@ -80,6 +67,18 @@ def table(rows: list[list[Any]], header: list[str]) -> str:
              for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def summary_table(rows: list[dict[str, Any]], best_label: str) -> str:
+    """Per strategy: trials, how each ended (ok, invalid outputs, cut, refused, ...), best and efficiency."""
+    from autohet.tracking import STATUSES
+
+    shown = [s for s in STATUSES if s != "killed" and any(r.get(s) for r in rows)] or ["ok"]
+    killed = any(r.get("killed") for r in rows)
+    cols = shown + (["killed"] if killed else [])
+    return table([[r["strategy"], r["trials"], *[r.get(s, 0) for s in cols], "-" if r["best"] is None else r["best"],
+                   "-" if r["efficiency"] is None else r["efficiency"]] for r in rows],
+                 ["strategy", "trials", *cols, best_label, "efficiency"])
 
 
 def _fmt(value: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from autohet.commands._common import table
+from autohet.commands._common import summary_table
 
 __all__ = ["register"]
 
@@ -19,8 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autohet.tuning.tracking import experiment_runs, tune_objective
-    from autohet.tuning.tuner import summarize
+    from autohet.objectives import ObjectiveSet
+    from autohet.tracking import experiment_runs, summarize, tune_objective
 
     client, _, runs = experiment_runs(args.experiment, args.tracking_uri)
     objective = tune_objective(client, runs)
@@ -28,9 +28,10 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"experiment": args.experiment, "objective": objective, "strategies": rows}, default=str))
         return 0
-    unit = "img/s" if objective == "throughput" else "ms p50"
+    unit = ObjectiveSet.parse(objective).primary.unit
     print(f"{args.experiment}: {len(runs)} trials, objective {objective}")
-    print(table([[r["strategy"], r["trials"], r["invalid"], "-" if r["best"] is None else r["best"],
-                  "-" if r["efficiency"] is None else r["efficiency"], r["run_id"] or "-"] for r in rows],
-                ["strategy", "trials", "invalid", f"best {unit}", "efficiency", "run id"]))
+    print(summary_table(rows, f"best {unit}"))
+    for r in rows:
+        if r["run_id"]:
+            print(f"  {r['strategy']}: best run {r['run_id']}")
     return 0

@@ -20,8 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autohet.tuning.tracking import experiment_runs, tune_objective
-    from autohet.tuning.tuner import export_run, summarize
+    from autohet.tracking import experiment_runs, export_run, summarize, tune_objective
 
     client, _, runs = experiment_runs(args.experiment, args.tracking_uri)
     if args.run_id:

@@ -1,39 +1,51 @@
-"""``autohet run``: one strategy on one pool, or an exported config, with a measured report."""
+"""``autohet run``: one strategy on one pool, or an exported config, with a measured report.
+
+A throughput run measures each executor class's standalone speed first (the limit, and the
+default ``--timeout``: ten times the run's expected length at that speed, at least 60 s), shows a
+progress line on a terminal, and ends past its timeout with one line naming a faster parameter.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from autohet.commands._common import (
     add_model_args,
     add_pool_args,
     add_workload_args,
     make_pool,
-    make_workload,
     model_spec,
     require_positive,
-    resolve_pool,
     table,
 )
+from autohet.context import RunContext
 from autohet.errors import UserError
 from autohet.measurement import Measurement
+from autohet.objectives import ObjectiveSet
 from autohet.params import parse_set_options
-from autohet.run import RunContext, run_strategy
+from autohet.pool import StandaloneCache
+from autohet.running import run_strategy
 
 __all__ = ["register", "report"]
+
+DEFAULT_IMAGES = 10000
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("run", help="run one strategy (or an exported config) and report what it measured")
     add_model_args(p, required=False)
     add_pool_args(p)
-    add_workload_args(p)
-    p.add_argument("--strategy", help="single, static, quick, chunk, hat, fifo, fast_split, ...")
+    add_workload_args(p, DEFAULT_IMAGES)
+    p.add_argument("--strategy", help="single, static, quick, chunk, hat, fifo, fast_split, placement, ...")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="a strategy parameter (repeatable)")
     p.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
-    p.add_argument("--objective", choices=["throughput", "latency"],
-                   help="throughput (default) or batch-1 latency; a config brings its own")
+    p.add_argument("--objective", help="the run to make: throughput (default) or latency (batch-1 requests); "
+                                       "a config brings its own")
+    p.add_argument("--timeout", type=float, help="seconds the run may take (default: 10x its expected length "
+                                                 "from the measured standalone speeds, at least 60)")
+    p.add_argument("--standalone-seconds", type=float, default=1.0, help="measuring time per executor class")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", action="store_true", help="include the work-unit timeline in --json")
     p.set_defaults(func=main)
@@ -53,13 +65,40 @@ def _from_config(args: argparse.Namespace):
         from autohet.pool import check_local_devices
 
         check_local_devices(pool_spec)
-    images = args.images if args.images_given else config.images
+    images = args.images if args.images is not None else config.images
     args.objective = args.objective or config.objective
     return config.model, pool_spec, config.strategy, config.params, images, config.workload_seed, config.npy
 
 
+class _Line:
+    """A progress line on stderr, redrawn in place; only on a terminal."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.shown = False
+
+    def say(self, text: str) -> None:
+        if self.tty:
+            print("\r" + f"autohet: {text}".ljust(90)[:120], end="", file=sys.stderr, flush=True)
+            self.shown = True
+
+    def images(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if not self.tty or (now - self.last < 0.2 and done < total):
+            return
+        self.last = now
+        elapsed = now - self.start
+        eta = elapsed * (total - done) / done if done else float("nan")
+        self.say(f"{done}/{total} images, {elapsed:.1f} s, ~{eta:.0f} s left")
+
+    def close(self) -> None:
+        if self.shown:
+            print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
+
+
 def main(args: argparse.Namespace) -> int:
-    args.images_given = any(a == "--images" or a.startswith("--images=") for a in sys.argv)
     if args.config:
         if args.model or args.strategy:
             raise UserError("--config already names the model and strategy; drop --model/--strategy")
@@ -69,19 +108,41 @@ def main(args: argparse.Namespace) -> int:
         if not args.model or not args.strategy:
             raise UserError("run needs --model and --strategy (or --config FILE)")
         model = model_spec(args)
+        from autohet.pool.resolve import resolve_pool
         from autohet.strategies import get_strategy
 
         get_strategy(args.strategy).validate(parse_set_options(args.set))  # fail before starting anything
         pool_spec = resolve_pool(args.pool, args.address)
-        strategy, params, images = args.strategy, parse_set_options(args.set), args.images
+        strategy, params = args.strategy, parse_set_options(args.set)
+        images = args.images if args.images is not None else DEFAULT_IMAGES
         data_seed, npy = args.data_seed, args.npy
     require_positive("--images", images)
-    workload = make_workload(model, images, data_seed, npy or args.npy)
+    if args.timeout is not None and args.timeout <= 0:
+        raise UserError(f"--timeout must be positive seconds, got {args.timeout}")
+    mode = ObjectiveSet.parse(args.objective or "throughput").mode
+    from autohet.workload import workload_for
+
+    workload = workload_for(model.name, images, data_seed, npy or args.npy)
     pool = make_pool(pool_spec, args.address, args.in_process)
+    line = _Line()
+    cache = StandaloneCache()
     try:
-        ctx = RunContext(model, workload, check_images=args.check_images, objective=args.objective or "throughput")
+        ctx = RunContext(model, workload, check_images=args.check_images, mode=mode,
+                         standalone_provider=lambda p, share: cache.measure(p, args.standalone_seconds, share,
+                                                                            progress=line.say),
+                         progress=line.images)
+        ctx.deadline_s = args.timeout
+        from autohet.strategies import get_strategy
+
+        if mode == "throughput" and not get_strategy(strategy).on_engine:
+            pool.start(model, workload)
+            limit = sum(ctx.standalone(pool))  # measured before the run: the limit and the default timeout
+            if ctx.deadline_s is None and limit > 0:
+                ctx.deadline_s = max(60.0, 10.0 * images / limit)
+            line.start = time.perf_counter()
         m = run_strategy(strategy, params, pool, ctx)
     finally:
+        line.close()
         pool.shutdown()
     if args.json:
         print(m.to_json(timeline=args.timeline))
@@ -92,15 +153,23 @@ def main(args: argparse.Namespace) -> int:
 
 def report(m: Measurement) -> str:
     label = " [SIMULATED]" if m.simulated else ""
+    if m.limit_ips is None:
+        lat = m.latency_ms
+        figures = f"latency p50 {lat.get('p50', float('nan')):.3f} ms  p95 {lat.get('p95', float('nan')):.3f} ms"
+    else:
+        figures = f"limit {m.limit_ips:.1f} img/s  efficiency {m.efficiency:.3f}  waste {m.waste:.3f}"
     lines = [
         f"{m.model} / {m.strategy} {m.params}{label}",
-        f"images {m.images}  wall {m.wall_s:.3f} s  throughput {m.throughput_ips:.1f} img/s  "
-        f"limit {m.limit_ips:.1f} img/s  efficiency {m.efficiency:.3f}  waste {m.waste:.3f}",
+        f"images {m.images}  wall {m.wall_s:.3f} s  throughput {m.throughput_ips:.1f} img/s  {figures}",
         f"output check: {'ok' if m.output_ok else 'FAILED'} (max |diff| {m.max_abs_diff:.3g}, "
         f"tolerance {m.tolerance:.3g})",
         "",
         table([[e.name, e.device, e.images, e.busy_s, e.standalone_ips, "died" if e.died else ""]
                for e in m.executors], ["executor", "device", "images", "busy_s", "standalone_ips", ""]),
     ]
+    if m.extra.get("limit_raised"):
+        lines.append("limit: " + "; ".join(f"{n} ran at {v['run_ips']:.4g} img/s, above its standalone "
+                                           f"{v['standalone_ips']:.4g}: the run's speed is used"
+                                           for n, v in m.extra["limit_raised"].items()))
     lines += [f"! {f}" for f in m.failures]
     return "\n".join(lines)

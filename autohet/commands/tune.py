@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autohet.commands._common import add_model_args, model_spec, table
+from autohet.commands._common import add_model_args, model_spec, summary_table, table
 from autohet.tuning.settings import load_settings
 
 __all__ = ["register"]
@@ -14,7 +14,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("tune", help="search strategies and parameters with Ray Tune + Optuna; log to MLflow")
     add_model_args(p)
     p.add_argument("--conf", help="tune defaults (default conf/default.yaml)")
-    p.add_argument("--objective", choices=["throughput", "latency"])
+    p.add_argument("--objective", help="throughput (default), latency, energy, or two of them for a Pareto front "
+                                       "(throughput,energy or latency,energy)")
     p.add_argument("--trials", type=int, help="trial budget")
     p.add_argument("--time-budget", type=float, dest="time_budget_s", metavar="SECONDS", help="wall-clock budget")
     p.add_argument("--strategies", help="comma-separated strategy names (single is always included)")
@@ -42,11 +43,14 @@ def main(args: argparse.Namespace) -> int:
         "strategies": args.strategies, "pool": args.pool, "experiment": args.experiment,
         "tracking_uri": args.tracking_uri, "seed": args.seed, "images": images})
     outcome = tune_model(model, settings, args.address, args.resume, args.data_seed, args.npy)
-    unit = "img/s" if settings.objective == "throughput" else "ms (p50)"
+    primary = settings.objectives.primary
     print(f"\n{outcome.trials_done} trials of {model.name} ({settings.objective}); best valid per strategy:")
-    print(table([[r["strategy"], r["trials"], r["invalid"], "-" if r["best"] is None else r["best"],
-                  "-" if r["efficiency"] is None else r["efficiency"]] for r in outcome.summary],
-                ["strategy", "trials", "invalid", f"best {unit}", "efficiency"]))
+    print(summary_table(outcome.summary, f"best {primary.unit}"))
+    if outcome.front:
+        names = [o.name for o in settings.objectives.objectives]
+        print(f"\nPareto front ({', '.join(names)}), tagged pareto=true in MLflow:")
+        print(table([[r["strategy"], *[r[n] for n in names], r["run_id"]] for r in outcome.front],
+                    ["strategy", *[f"{o.name} {o.unit}" for o in settings.objectives.objectives], "run id"]))
     if outcome.best_path:
         b = outcome.best
         print(f"\nbest: {b['strategy']} {b['params']} -> {outcome.best_path}")

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def command(args: argparse.Namespace) -> list[str]:
-    from autohet.tuning.tracking import default_tracking_uri
+    from autohet.tracking import default_tracking_uri
 
     root = (Path("runs") / "mlartifacts").resolve()
     return [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", args.tracking_uri or default_tracking_uri(),

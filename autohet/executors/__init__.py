@@ -1,25 +1,23 @@
-"""Executors: a CPU core group, a GPU, and a simulated executor for tests and planning."""
+"""Executors: a CPU core group, a GPU (or a partition of one), and a simulated executor for tests."""
 
 from __future__ import annotations
 
-from autohet.executors.base import EXECUTOR_PARAMS, PRECISIONS, Executor, ExecutorSpec, UnitResult
+from autohet.executors.base import (
+    BACKENDS,
+    EXECUTOR_PARAMS,
+    INDUCTOR_MODES,
+    PRECISIONS,
+    Executor,
+    ExecutorSpec,
+    UnitResult,
+)
+from autohet.executors.kinds import EXECUTOR_KINDS, ExecutorKind, executor_kind, register_executor_kind
 from autohet.models import ModelSpec
 
-__all__ = ["EXECUTOR_PARAMS", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult", "make_executor"]
+__all__ = ["BACKENDS", "EXECUTOR_KINDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor",
+           "ExecutorKind", "ExecutorSpec", "UnitResult", "executor_kind", "make_executor", "register_executor_kind"]
 
 
 def make_executor(spec: ExecutorSpec, model: ModelSpec) -> Executor:
-    """The executor class for a spec's kind (imports lazily: GPU code only where it runs)."""
-    if spec.kind == "cpu":
-        from autohet.executors.cpu import CpuExecutor
-
-        return CpuExecutor(spec, model)
-    if spec.kind == "gpu":
-        from autohet.executors.gpu import GpuExecutor
-
-        return GpuExecutor(spec, model)
-    if spec.kind == "sim":
-        from autohet.executors.sim import SimExecutor
-
-        return SimExecutor(spec, model)
-    raise ValueError(f"unknown executor kind {spec.kind!r}")
+    """The executor class of the spec's kind (imported lazily: GPU code only where it runs)."""
+    return executor_kind(spec.kind).load_class()(spec, model)

@@ -10,18 +10,27 @@ from typing import Any
 import numpy as np
 
 from autohet.models import ModelSpec
-from autohet.params import Param, validate_params
+from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
 from autohet.workload import Workload
 
-__all__ = ["Executor", "ExecutorSpec", "UnitResult", "EXECUTOR_PARAMS", "PRECISIONS"]
+__all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+BACKENDS = ("eager", "inductor", "cudagraphs")
+INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
-# Executor parameters that a pool file sets and a trial may vary.
+# Executor parameters that a pool file sets and a trial may vary; each kind says which apply to it
+# (autohet.executors.kinds) and refuses values its device cannot run.
 EXECUTOR_PARAMS: dict[str, Param] = {
-    "batch": Param("batch", "int", 64, 1, 4096, help="images per forward pass"),
-    "precision": Param("precision", "choice", "fp32", choices=PRECISIONS),
-    "channels_last": Param("channels_last", "bool", False),
+    "batch": IntParam("batch", 64, low=1, high=4096, help="images per forward pass"),
+    "precision": ChoiceParam("precision", "fp32", choices=PRECISIONS),
+    "channels_last": BoolParam("channels_last", False),
+    "backend": ChoiceParam("backend", "eager", choices=BACKENDS,
+                           help="eager, inductor (torch.compile) or cudagraphs (GPU: a graph per batch shape)"),
+    "inductor_mode": ChoiceParam("inductor_mode", "default", choices=INDUCTOR_MODES,
+                                 help="torch.compile mode for backend inductor"),
+    "sms": IntParam("sms", None, low=0, high=100000,
+                    help="GPU: run on a green-context partition of this many SMs (unset or 0: the whole GPU)"),
 }
 
 
@@ -36,6 +45,9 @@ class ExecutorSpec:
     batch: int = 64
     precision: str = "fp32"
     channels_last: bool = False
+    backend: str = "eager"
+    inductor_mode: str = "default"
+    sms: int | None = None
     node: str | None = None
     # simulated executors only (labelled simulated everywhere they appear)
     speed_ips: float = 0.0
@@ -46,10 +58,15 @@ class ExecutorSpec:
     @property
     def device(self) -> str:
         if self.kind == "gpu":
-            return f"cuda:{self.gpu}"
+            return f"cuda:{self.gpu}" + (f"/{self.sms}sm" if self.sms else "")
         if self.kind == "cpu":
             return "cpu[" + ",".join(map(str, self.cores)) + "]"
         return "simulated-gpu" if self.needs_gpu else "simulated"
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Holds a (real or simulated) GPU: Ray gives it a GPU share, the dispatcher queues ahead."""
+        return self.kind == "gpu" or self.needs_gpu
 
     @property
     def max_unit_images(self) -> int:
@@ -62,14 +79,15 @@ class ExecutorSpec:
         return max(1, len(self.cores))
 
     def with_params(self, params: dict[str, Any]) -> ExecutorSpec:
-        """A copy with batch/precision/channels_last replaced (validated)."""
+        """A copy with executor params replaced (validated; ``sms: 0`` clears a partition)."""
         given = {k: v for k, v in params.items() if v is not None}
-        merged = validate_params(f"executor {self.name}", EXECUTOR_PARAMS,
-                                 {**self.executor_params(), **given})
+        merged = validate_params(f"executor {self.name}", EXECUTOR_PARAMS, {**self.executor_params(), **given})
+        merged["sms"] = merged["sms"] or None  # 0: the whole GPU (a searchable choice)
         return replace(self, **merged)
 
     def executor_params(self) -> dict[str, Any]:
-        return {"batch": self.batch, "precision": self.precision, "channels_last": self.channels_last}
+        return {"batch": self.batch, "precision": self.precision, "channels_last": self.channels_last,
+                "backend": self.backend, "inductor_mode": self.inductor_mode, "sms": self.sms}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -79,7 +97,14 @@ class ExecutorSpec:
             out["gpu"] = self.gpu
         if self.node is not None:
             out["node"] = self.node
-        out.update(self.executor_params())
+        params = self.executor_params()
+        if self.backend != "inductor":  # only what applies: a pool file stays as short as it was written
+            params.pop("inductor_mode")
+        if self.backend == "eager":
+            params.pop("backend")
+        if self.sms is None:
+            params.pop("sms")
+        out.update(params)
         if self.kind == "sim":
             out.update(speed_ips=self.speed_ips, overhead_s=self.overhead_s, needs_gpu=self.needs_gpu)
         return out
@@ -127,13 +152,19 @@ class Executor(ABC):
         return self.run(start, size)
 
     def configure(self, params: dict[str, Any]) -> None:
-        """Applies batch/precision/channels_last for the next runs (rebuilds what it must)."""
+        """Applies executor params for the next runs; rebuilds only what the change needs."""
         new = self.spec.with_params(params)
+        self.compile_s = 0.0  # seconds compiling for this configuration (a kept variant: none)
         if new != self.spec:
             self.spec = new
             self.warm_units = set()
             if self.workload is not None:
-                self.load(self.workload)
+                self.reconfigure()
+
+    def reconfigure(self) -> None:
+        """Optional hook: set up the new ``spec`` on the loaded executor (default: load again)."""
+        assert self.workload is not None
+        self.load(self.workload)
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None) -> float:
         """Throughput running alone: units of one batch until ``min_seconds`` pass or ``max_images`` ran.
@@ -142,12 +173,18 @@ class Executor(ABC):
         spending minutes here; at least one unit always runs. The untimed warm-up unit is skipped
         when units of this size already ran since the last (re)configuration (a trial's run just
         did), and a synchronous executor starts no further unit once ``min_seconds`` have passed.
+        Time box: when the warm-up unit alone took longer than ``max(4 x min_seconds, 2 s)`` (a big batch
+        on one core), its own rate is the figure instead of a second unit as long.
         """
         assert self.workload is not None, "load() first"
         unit = max(1, min(self.standalone_unit(), max_images or self.standalone_unit()))
         if unit not in self.warm_units:
+            t0 = time.perf_counter()
             self.collect(self.launch(0, unit))  # untimed: the first call at a new shape pays one-off costs
+            first = time.perf_counter() - t0
             self.warm_units.add(unit)
+            if first > max(4 * min_seconds, 2.0):
+                return unit / first
         done, launched = 0, unit
         start = time.perf_counter()
         pending = self.launch(0, unit)
@@ -169,7 +206,7 @@ class Executor(ABC):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.spec.name, "device": self.spec.device, "simulated": self.simulated,
-                **self.spec.executor_params()}
+                "compile_s": getattr(self, "compile_s", 0.0), **self.spec.executor_params()}
 
     def ping(self) -> str:
         return self.spec.name

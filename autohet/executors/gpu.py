@@ -1,4 +1,5 @@
-"""One GPU: the workload pinned once in host memory, copies on their own stream overlapped with compute.
+"""One GPU (or a green-context partition of its SMs): the workload pinned once in host memory,
+copies on their own stream overlapped with compute, eager / CUDA graphs / inductor.
 
 Data path per work unit: slices of the pinned host bank (already in the compute dtype, so
 fp16/bf16 halve the bytes) are copied host-to-device on a copy stream into one of two device
@@ -6,12 +7,18 @@ buffers while the compute stream runs the previous batch; outputs go device-to-h
 pinned buffer on the compute stream; the host waits once per unit. ``launch`` queues a unit and
 ``collect`` waits for it; the actor announces a unit's next part (``run_ahead``), which is queued
 before this part's outputs are handed back, so the GPU does not idle between parts.
+
+Backends: ``eager``; ``cudagraphs`` (one graph per padded batch shape, captured once: no per-op
+launch cost); ``inductor`` (torch.compile for the full batch shape; partial batches run padded to
+it, so each variant compiles once). Variants (precision, layout, backend) and pinned banks (per
+dtype) are kept across reconfigurations: a tune that revisits a configuration pays nothing.
 """
 
 from __future__ import annotations
 
+import copy
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,11 +26,12 @@ import torch
 
 from autohet.errors import UserError
 from autohet.executors.base import Executor, UnitResult
-from autohet.executors.cpu import pin_cores
+from autohet.executors.compiled import GraphedCall, check_backend, compile_module
+from autohet.executors.cpu import pin_thread
 from autohet.models import build_model
 from autohet.workload import Workload
 
-__all__ = ["GpuExecutor", "DTYPES"]
+__all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch"]
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -55,54 +63,105 @@ class _Launched:
     end: torch.cuda.Event
 
 
+@dataclass
+class _Variant:
+    """The model in one precision, layout and backend; its graphs or compiled form; shapes warm."""
+
+    model: Any
+    graphs: dict[int, GraphedCall] = field(default_factory=dict)  # cudagraphs: per padded batch shape
+    compiled: dict[int, Any] = field(default_factory=dict)  # inductor: per batch size
+    warm: set[int] = field(default_factory=set)
+
+
 class GpuExecutor(Executor):
+    # a partition's stream (set by the group actor that hosts the partitions of one GPU)
+    stream_override: Any = None
+
     def load(self, workload: Workload) -> None:
         index = local_gpu_index(self.spec.gpu or 0)
         if not torch.cuda.is_available() or index >= torch.cuda.device_count():
             raise UserError(f"executor {self.spec.name} asks for GPU {self.spec.gpu} but this node has "
                             f"{torch.cuda.device_count()} CUDA GPUs; use actors/auto.yaml or a CPU pool")
         if self.spec.cores:
-            pin_cores(self.spec.cores)
+            pin_thread(self.spec.cores)
         self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
+        torch.backends.cudnn.benchmark = True
+        self.workload = workload
+        self._base: torch.nn.Module | None = None
+        self._variants: dict[tuple, _Variant] = {}
+        self._banks: dict[torch.dtype, torch.Tensor] = {}
+        self.copy_stream = torch.cuda.Stream(self.device)
+        self.compute_stream = self.stream_override or torch.cuda.Stream(self.device)
+        self.sms = self.spec.sms
+        self._ahead: dict[tuple[int, int], _Launched] = {}
+        self._activate()
+
+    def _key(self) -> tuple:
+        s = self.spec
+        return (s.precision, s.channels_last, s.backend, s.inductor_mode if s.backend == "inductor" else None)
+
+    def _activate(self) -> None:
+        """Sets up the current spec: its variant (built once), bank, buffers; warms the shapes it runs."""
+        check_backend("gpu", self.spec.backend, self.spec.precision, self.spec.name)
         tf32 = self.spec.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = tf32
         torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = True
         self.dtype = DTYPES[self.spec.precision]
         self.memory_format = torch.channels_last if self.spec.channels_last else torch.contiguous_format
-        model = build_model(self.model_spec).to(self.device, self.dtype)
-        self.model = model.to(memory_format=self.memory_format)
-        self.workload = workload
-        self._place_bank(workload)
-        batch = self.spec.batch
-        shape = workload.shape
-        self.copy_stream = torch.cuda.Stream(self.device)
-        self.compute_stream = torch.cuda.Stream(self.device)
+        self.compile_s = 0.0
+        assert self.workload is not None
+        self.bank = self._bank(self.dtype)
+        batch, shape = self.spec.batch, self.workload.shape
         self.dev_in = [torch.empty((batch, *shape), dtype=self.dtype, device=self.device) for _ in range(2)]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.consumed = [torch.cuda.Event() for _ in range(2)]
         self._slot = 0
-        self._ahead: dict[tuple[int, int], _Launched] = {}
+        self._ahead = {}
+        key = self._key()
+        if key not in self._variants:
+            if self._base is None:
+                self._base = build_model(self.model_spec)
+            model = copy.deepcopy(self._base).to(self.device, self.dtype).to(memory_format=self.memory_format).eval()
+            self._variants[key] = _Variant(model)
+        self.variant = self._variants[key]
         # outputs go back as fp32, converted on the GPU: numpy's fp16 -> fp32 cast runs at ~10 ns an
         # element, which for 1000 classes costs the driver more than the whole GPU run
         self.out_dtype = torch.float32
-        sizes = sorted({padded_batch(n, batch) for n in range(1, batch + 1)})
-        for n in sizes:  # warm-up: cuDNN autotunes each shape a unit can run at, once
-            self.run(0, min(n, workload.images))
-        for _ in range(2):
-            self.run(0, min(2 * batch, workload.images))
+        if self.spec.backend == "inductor":
+            if batch not in self.variant.compiled:
+                example = torch.zeros((batch, *shape), dtype=self.dtype, device=self.device)
+                example = example.contiguous(memory_format=self.memory_format)
+                with torch.cuda.stream(self.compute_stream):
+                    self.variant.compiled[batch], self.compile_s = compile_module(
+                        self.variant.model, self.spec.inductor_mode, example)
+            sizes = [batch]
+        else:
+            sizes = sorted({padded_batch(n, batch) for n in range(1, batch + 1)})
+        for n in sizes:  # warm-up: cuDNN autotunes (and graphs capture) each shape a unit can run at, once
+            if n not in self.variant.warm:
+                self.run(0, min(n, self.workload.images))
+                self.variant.warm.add(n)
+        self.run(0, min(2 * batch, self.workload.images))
 
-    def _place_bank(self, workload: Workload) -> None:
-        """Copies the workload once into pinned host memory in the compute dtype (kept across
-        reconfigurations that leave the workload and dtype as they were, e.g. a new batch size)."""
-        current = getattr(self, "bank", None)
-        if current is not None and current.dtype == self.dtype and getattr(self, "_bank_of", None) is workload.bank:
-            return
-        self._bank_of = workload.bank
-        source = torch.from_numpy(np.asarray(workload.bank))
-        self.bank = torch.empty(source.shape, dtype=self.dtype, pin_memory=True)
-        self.bank.copy_(source)
+    def reconfigure(self) -> None:
+        if self.spec.sms != self.sms:
+            raise UserError(f"executor {self.spec.name}: its partition (sms: {self.sms}) is fixed when it starts; "
+                            "a pool with another SM count starts new executors")
+        self._activate()
+
+    def _bank(self, dtype: torch.dtype) -> torch.Tensor:
+        """The workload once in pinned host memory in ``dtype`` (kept per dtype, for this workload)."""
+        assert self.workload is not None
+        if getattr(self, "_bank_of", None) is not self.workload.bank:
+            self._banks = {}
+            self._bank_of = self.workload.bank
+        if dtype not in self._banks:
+            source = torch.from_numpy(np.asarray(self.workload.bank))
+            bank = torch.empty(source.shape, dtype=dtype, pin_memory=True)
+            bank.copy_(source)
+            self._banks = {d: b for d, b in self._banks.items() if d == torch.float32} | {dtype: bank}
+        return self._banks[dtype]
 
     def _segments(self, start: int, n: int) -> list[tuple[int, int, int]]:
         """(bank_row, dest_offset, count) pieces of images [start, start+n) in the cyclic bank."""
@@ -115,6 +174,19 @@ class GpuExecutor(Executor):
             done += count
         return out
 
+    def _forward(self, x: torch.Tensor, padded: int) -> torch.Tensor:
+        """The model on a padded batch, with the current backend (call on the compute stream)."""
+        backend = self.spec.backend
+        if backend == "cudagraphs":
+            graph = self.variant.graphs.get(padded)
+            if graph is None:
+                graph = GraphedCall(self.variant.model, [x], self.compute_stream)
+                self.variant.graphs[padded] = graph
+            return graph(x)
+        if backend == "inductor":
+            return self.variant.compiled[self.spec.batch](x)
+        return self.variant.model(x)
+
     def launch(self, start: int, size: int) -> _Launched:
         """Queues the unit's copies, forward passes and output copies on the GPU and returns at once.
 
@@ -123,6 +195,7 @@ class GpuExecutor(Executor):
         end-of-call wait, the output copy and the actor's return.
         """
         batch = self.spec.batch
+        fixed = self.spec.backend == "inductor"  # one compiled shape: every batch runs full
         with torch.inference_mode():
             begin = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -130,7 +203,7 @@ class GpuExecutor(Executor):
             outputs: torch.Tensor | None = None
             for offset in range(0, size, batch):
                 n = min(batch, size - offset)
-                padded = padded_batch(n, batch)  # rows n..padded hold stale inputs; their outputs are dropped
+                padded = batch if fixed else padded_batch(n, batch)  # rows n..padded: stale inputs, dropped
                 slot = self._slot
                 self._slot ^= 1
                 with torch.cuda.stream(self.copy_stream):
@@ -142,7 +215,7 @@ class GpuExecutor(Executor):
                 with torch.cuda.stream(self.compute_stream):
                     self.compute_stream.wait_event(self.copied[slot])
                     x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
-                    y = self.model(x)[:n]
+                    y = self._forward(x, padded)[:n]
                     self.consumed[slot].record(self.compute_stream)
                     if outputs is None:  # pinned, one per unit: freed to torch's host cache once returned
                         outputs = torch.empty((size, *y.shape[1:]), dtype=self.out_dtype, pin_memory=True)
@@ -165,6 +238,8 @@ class GpuExecutor(Executor):
         """Runs [start, start+size) — already queued if the previous call announced it — and queues
         ``following`` before waiting, all on the caller's thread (no second thread fighting the GIL
         for kernel launches while this one returns its outputs)."""
+        if size >= self.spec.batch:
+            self.warm_units.add(self.standalone_unit())
         handle = self._ahead.pop((start, size), None)
         self._ahead.clear()  # an announced part that was not asked for: its results are dropped
         if handle is None:
@@ -179,6 +254,6 @@ class GpuExecutor(Executor):
 
     def describe(self) -> dict[str, Any]:
         out = super().describe()
-        if torch.cuda.is_available():
+        if torch.cuda.is_available() and hasattr(self, "device"):
             out["gpu_name"] = torch.cuda.get_device_name(self.device)
         return out

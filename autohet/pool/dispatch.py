@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import heapq
 import queue
-import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -179,11 +179,13 @@ class VirtualClockDispatcher(Dispatcher):
 
 
 class LocalDispatcher(Dispatcher):
-    """Executors in this process, one thread each (torch releases the GIL inside its kernels)."""
+    """Executors in this process, each run on its own worker thread (torch releases the GIL inside
+    its kernels)."""
 
-    def __init__(self, executors: list[Executor]) -> None:
+    def __init__(self, executors: list[Executor], workers: list[Any]) -> None:
         super().__init__([e.spec.name for e in executors])
         self.executors = executors
+        self.workers = workers
         self.results: queue.Queue[Completion] = queue.Queue()
         self.t0 = time.perf_counter()
 
@@ -202,7 +204,7 @@ class LocalDispatcher(Dispatcher):
                 self.results.put(Completion(executor, start, size, submitted, self.now(), 0.0,
                                             error=f"{type(exc).__name__}: {exc}"))
 
-        threading.Thread(target=work, daemon=True, name=f"autohet-{self.names[executor]}").start()
+        self.workers[executor].submit(work)
 
     def _wait_any(self, timeout: float | None = None) -> Completion | None:
         try:

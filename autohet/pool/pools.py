@@ -10,6 +10,7 @@ from autohet.executors import Executor, ExecutorSpec, make_executor
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
+from autohet.pool.worker import Worker
 from autohet.workload import Workload
 
 __all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
@@ -36,12 +37,14 @@ class Pool(ABC):
     def simulated(self) -> bool:
         return self.spec.simulated
 
+    on_ray = False  # in-process strategies then run their engine in a Ray actor
+
     def __len__(self) -> int:
         return len(self.spec.executors)
 
     @abstractmethod
-    def start(self, model: ModelSpec, workload: Workload) -> None:
-        """Builds the model on every executor and places the workload once."""
+    def start(self, model: ModelSpec, workload: Workload) -> float:
+        """Builds the model on every executor and places the workload once; returns compile seconds."""
 
     @abstractmethod
     def dispatcher(self) -> Dispatcher: ...
@@ -52,40 +55,60 @@ class Pool(ABC):
         """Each executor's throughput running alone, measured one after another (only ``indices``,
         in that order, when given)."""
 
-    def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
-        """Applies per-kind executor params (batch, precision, channels_last) for the next run."""
+    def configure(self, by_kind: dict[str, dict[str, Any]]) -> float:
+        """Applies per-kind executor params (batch, precision, backend...) for the next run; returns
+        the seconds executors spent compiling for them."""
         self.spec = self.spec.with_executor_params(by_kind)
-        self._apply_config()
+        return sum(d.get("compile_s", 0.0) for d in self._apply_config())
 
-    def _apply_config(self) -> None:  # noqa: B027
-        """Optional hook: push the new executor params to live executors."""
+    def _apply_config(self) -> list[dict[str, Any]]:
+        """Optional hook: push the new executor params to live executors; their descriptions."""
+        return []
 
     def shutdown(self) -> None:  # noqa: B027
         """Optional hook: stop executors."""
 
 
 class LocalPool(Pool):
-    """Executors in this process, one thread each: no Ray, for tests and in-process baselines."""
+    """Executors in this process, each on its own long-lived thread: no Ray, for tests and
+    in-process baselines. Every executor call runs on its thread (never the caller's)."""
 
     executors: list[Executor]
+    workers: list[Worker]
 
-    def start(self, model: ModelSpec, workload: Workload) -> None:
+    def start(self, model: ModelSpec, workload: Workload) -> float:
+        if getattr(self, "executors", None) and self.started_for == (model, workload.images):
+            return 0.0
+        self.shutdown()
         self.executors = [make_executor(s, model) for s in self.spec.executors]
-        for ex in self.executors:
-            ex.load(workload)
+        self.workers = [Worker(s.name) for s in self.spec.executors]
+        loads = [w.submit(lambda ex=ex: ex.load(workload)) for w, ex in zip(self.workers, self.executors, strict=True)]
+        for future in loads:
+            future.result()
         self.started_for = (model, workload.images)
+        return sum(ex.describe().get("compile_s", 0.0) for ex in self.executors)
 
     def dispatcher(self) -> Dispatcher:
-        return LocalDispatcher(self.executors)
+        return LocalDispatcher(self.executors, self.workers)
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
         chosen = range(len(self.executors)) if indices is None else indices
-        return [self.executors[i].standalone_ips(min_seconds, max_images) for i in chosen]
+        return [self.workers[i].call(lambda i=i: self.executors[i].standalone_ips(min_seconds, max_images))
+                for i in chosen]
 
-    def _apply_config(self) -> None:
-        for ex, spec in zip(self.executors, self.spec.executors, strict=True):
-            ex.configure(spec.executor_params())
+    def _apply_config(self) -> list[dict[str, Any]]:
+        out = []
+        for worker, ex, spec in zip(self.workers, self.executors, self.spec.executors, strict=True):
+            worker.call(lambda ex=ex, spec=spec: ex.configure(spec.executor_params()))
+            out.append(ex.describe())
+        return out
+
+    def shutdown(self) -> None:
+        for worker in getattr(self, "workers", []):
+            worker.close()
+        self.workers, self.executors = [], []
+        self.started_for = None
 
 
 class VirtualPool(Pool):
@@ -95,8 +118,9 @@ class VirtualPool(Pool):
         super().__init__(spec)
         self.die_at = die_at or {}
 
-    def start(self, model: ModelSpec, workload: Workload) -> None:
+    def start(self, model: ModelSpec, workload: Workload) -> float:
         self.started_for = (model, workload.images)
+        return 0.0
 
     def dispatcher(self) -> Dispatcher:
         execs = self.spec.executors
@@ -116,6 +140,8 @@ class VirtualPool(Pool):
 class RayPool(Pool):
     """One Ray actor per executor, created once and reused by every run of the same model."""
 
+    on_ray = True
+
     def __init__(self, spec: PoolSpec, name_prefix: str | None = None, reserve_cpus: bool = True) -> None:
         super().__init__(spec)
         self.actors: list[Any] = []
@@ -134,24 +160,26 @@ class RayPool(Pool):
 
     owned = True
 
-    def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
+    def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> float:
         """Creates and loads the actors; ``adopt`` maps executor identities (``identity``) to live
         actors already loaded with this model and workload, which are used as they are."""
         import ray
 
-        from autohet.pool.ray_pool import check_cluster_resources
+        from autohet.pool.ray_pool import check_cluster_resources, user_errors
 
         if self.actors and (not self.owned or self.started_for == (model, workload.images)):
-            return
+            return 0.0
         check_cluster_resources(self.spec)
         self.shutdown()
         adopt = adopt or {}
         self.workload_ref = ray.put(workload)
         self.actors = [adopt.get(identity(spec)) or self._new_actor(spec, model, "") for spec in self.spec.executors]
         fresh = [a for a, spec in zip(self.actors, self.spec.executors, strict=True) if identity(spec) not in adopt]
-        ray.get([a.load.remote(self.workload_ref) for a in fresh])
+        with user_errors():
+            described = ray.get([a.load.remote(self.workload_ref) for a in fresh])
         self.adopted = len(self.actors) - len(fresh)
         self.started_for = (model, workload.images)
+        return sum(d.get("compile_s", 0.0) for d in described)
 
     def _new_actor(self, spec: ExecutorSpec, model: ModelSpec, suffix: str) -> Any:
         """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""
@@ -184,12 +212,16 @@ class RayPool(Pool):
                 out.append(0.0)
         return out
 
-    def _apply_config(self) -> None:
+    def _apply_config(self) -> list[dict[str, Any]]:
         import ray
 
-        if self.actors:
-            ray.get([a.configure.remote(s.executor_params())
-                     for a, s in zip(self.actors, self.spec.executors, strict=True)])
+        from autohet.pool.ray_pool import user_errors
+
+        if not self.actors:
+            return []
+        with user_errors():
+            return ray.get([a.configure.remote(s.executor_params())
+                            for a, s in zip(self.actors, self.spec.executors, strict=True)])
 
     def replace(self, indices: list[int]) -> None:
         """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh

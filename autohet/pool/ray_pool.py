@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,7 +15,21 @@ from autohet.pool.dispatch import Completion, Dispatcher, Ready
 from autohet.pool.spec import PoolSpec
 from autohet.workload import Workload
 
-__all__ = ["ExecutorActor", "RayDispatcher", "actor_options"]
+__all__ = ["ExecutorActor", "RayDispatcher", "actor_options", "user_errors"]
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """A UserError raised inside an actor (a bad checkpoint, a precision the device cannot run)
+    reaches the user as its one line, not as Ray's wrapped traceback."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        yield
+    except RayTaskError as exc:
+        if isinstance(exc.cause, UserError):
+            raise UserError(str(exc.cause)) from None
+        raise
 
 
 class ExecutorActor:

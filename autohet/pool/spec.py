@@ -8,7 +8,10 @@ An explicit file lists executors::
       - {name: gpu0, kind: gpu, gpu: 0, cores: [2], batch: 256, precision: fp16}
 
 ``auto`` detects the machine (or every node of a Ray cluster): one executor per GPU with one
-core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size``.
+core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size``. Its default,
+``auto``, is one core per group on a CPU-only node (the seed's per-core executors) and groups of
+four next to a GPU: there a one-core group adds well under 0.1% of the GPU's throughput while its
+actor costs seconds to start and measure (BENCHMARKS.md 2a: all CPU groups together added <= 0.7%).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import Any
 
 from autohet.errors import UserError
 from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
+from autohet.executors.kinds import EXECUTOR_KINDS
 from autohet.params import validate_params
 from autohet.yaml_files import read_yaml_mapping
 
-__all__ = ["PoolSpec", "load_pool", "detect_executors", "POOL_VERSION"]
+__all__ = ["GPU_BOX_GROUP", "POOL_VERSION", "PoolSpec", "detect_executors", "load_pool"]
 
 POOL_VERSION = 1
+GPU_BOX_GROUP = 4  # cores per CPU group that auto makes next to a GPU
 _EXECUTOR_KEYS = {"name", "kind", "cores", "gpu", "node", "speed_ips", "overhead_s", "needs_gpu",
                   "die_after_units"} | set(EXECUTOR_PARAMS)
 _AUTO_KEYS = {"cpu_group_size", "reserve_core_per_gpu", "cpu", "gpu", "max_cpu_groups"}
@@ -42,7 +47,7 @@ class PoolSpec:
 
     @property
     def simulated(self) -> bool:
-        return any(e.kind == "sim" for e in self.executors)
+        return any(EXECUTOR_KINDS[e.kind].simulated for e in self.executors)
 
     @property
     def gpus_needed(self) -> int:
@@ -66,18 +71,23 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
         raise UserError(f"{where}: executor #{index} has unknown key {unknown[0]!r}; valid: "
                         f"{', '.join(sorted(_EXECUTOR_KEYS))}")
     kind = raw.get("kind")
-    if kind not in ("cpu", "gpu", "sim"):
-        raise UserError(f"{where}: executor #{index} needs kind: cpu, gpu or sim (got {kind!r})")
+    if kind not in EXECUTOR_KINDS:
+        raise UserError(f"{where}: executor #{index} needs kind: one of {', '.join(EXECUTOR_KINDS)} (got {kind!r})")
     name = str(raw.get("name") or f"{kind}{index}")
+    foreign = [k for k in EXECUTOR_PARAMS if k in raw and k not in EXECUTOR_KINDS[kind].params]
+    if foreign:
+        raise UserError(f"{where}: executor {name}: {foreign[0]} does not apply to {kind} executors; valid for "
+                        f"them: {', '.join(EXECUTOR_KINDS[kind].params)}")
     params = validate_params(f"{where}: executor {name}", EXECUTOR_PARAMS,
                              {k: raw[k] for k in EXECUTOR_PARAMS if k in raw})
+    params["sms"] = params["sms"] or None
     cores = raw.get("cores", [])
     if isinstance(cores, int):
         cores = [cores]
     if not isinstance(cores, list) or not all(isinstance(c, int) and c >= 0 for c in cores):
         raise UserError(f"{where}: executor {name}: cores must be a list of core numbers, e.g. [0, 1]")
-    if kind == "cpu" and not cores:
-        raise UserError(f"{where}: executor {name}: a cpu executor needs cores, e.g. cores: [0]")
+    if EXECUTOR_KINDS[kind].needs_cores and not cores:
+        raise UserError(f"{where}: executor {name}: a {kind} executor needs cores, e.g. cores: [0]")
     gpu = raw.get("gpu", 0 if kind == "gpu" else None)
     if kind == "gpu" and (not isinstance(gpu, int) or gpu < 0):
         raise UserError(f"{where}: executor {name}: gpu must be a GPU index like 0")
@@ -98,9 +108,11 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
 def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any],
                      node: str | None = None, prefix: str = "") -> list[ExecutorSpec]:
     """One executor per GPU (with a feeding core), the rest of the cores in CPU groups."""
-    group = int(settings.get("cpu_group_size", 1))
-    if group < 1:
-        raise UserError(f"cpu_group_size must be at least 1, got {group}")
+    group = settings.get("cpu_group_size", "auto")
+    if group == "auto":
+        group = GPU_BOX_GROUP if gpus else 1
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise UserError(f"cpu_group_size must be auto or a whole number of cores >= 1, got {group!r}")
     free = list(cores)
     gpu_params = validate_params("auto: gpu", EXECUTOR_PARAMS, settings.get("gpu") or {})
     cpu_params = validate_params("auto: cpu", EXECUTOR_PARAMS, settings.get("cpu") or {})

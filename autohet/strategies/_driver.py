@@ -11,18 +11,36 @@ import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from autohet.context import precision_of
 from autohet.errors import RunTimeout, UserError
-from autohet.measurement import WorkUnit
+from autohet.measurement import ExecutorReport, Measurement, WorkUnit
 from autohet.pool.dispatch import Completion, Dispatcher, Ready
 
 if TYPE_CHECKING:
-    from autohet.strategies.data_parallel import DataParallelStrategy
+    from autohet.context import RunContext
+    from autohet.pool import Pool
 
-__all__ = ["DriveResult", "SchedState", "drive", "split_by_weights"]
+__all__ = ["DriveResult", "SchedState", "Scheduler", "drive", "drive_measurement", "limit_figures",
+           "split_by_weights"]
+
+# An executor's speed during the run above its standalone figure by more than this is evidence that
+# the standalone figure was measured low (a short or disturbed measurement): the limit uses the run's.
+RAISE_MARGIN = 1.02
+
+
+class Scheduler(Protocol):
+    """What the driver needs of a data-parallel strategy: its rule for sizing units."""
+
+    name: str
+    barrier: bool
+
+    def begin(self, state: SchedState, params: dict[str, Any]) -> None: ...
+
+    def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> list[tuple[int, int]]: ...
 
 
 def split_by_weights(total: int, weights: list[float]) -> list[int]:
@@ -87,9 +105,10 @@ class DriveResult:
     died: list[bool]
 
 
-def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Dispatcher, total: int,
+def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, total: int,
           on_event: Callable[[Completion], None] | None = None, batches: list[int] | None = None,
-          deadline_s: float | None = None, lookahead: bool = True) -> DriveResult:
+          deadline_s: float | None = None, lookahead: bool = True,
+          progress: Callable[[int, int], None] | None = None, hint: Callable[[], str] | None = None) -> DriveResult:
     """Runs ``total`` images through the dispatcher under the strategy's rule; raises RunTimeout
     when ``deadline_s`` passes first (the busy executors are named so their actors can be replaced).
 
@@ -156,9 +175,10 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
         if done is None:
             busy = sorted(dispatcher.busy)
             dispatcher.close()
+            advice = hint() if hint is not None else "narrow the search space"
             raise RunTimeout(f"{strategy.name} did not finish within {deadline_s:.0f} s ({int(coverage.sum())} of "
                              f"{total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
-                             "raise trial_timeout_s or narrow the search space", busy)
+                             f"{advice}", busy)
         i = done.executor
         st.now = done.done_s - t0
         timeline.append(WorkUnit(dispatcher.names[i], done.start, done.size, done.submitted_s - t0,
@@ -180,8 +200,51 @@ def drive(strategy: DataParallelStrategy, params: dict[str, Any], dispatcher: Di
             st.completed_units[i] += 1
             if strategy.barrier:
                 st.round_finish[i] = st.now - st.round_start
+            if progress is not None:
+                progress(int(sum(images)), total)
         if on_event is not None:
             on_event(done)
     dispatcher.close()
     return DriveResult(outputs, coverage, timeline, dispatcher.now() - t0, images, busy, failures,
                        [not a for a in st.alive])
+
+
+def limit_figures(standalone: list[float], result: DriveResult) -> tuple[list[float], dict[int, tuple[float, float]]]:
+    """Each executor's figure for the limit: its standalone throughput, or the speed it showed during
+    this run (images / its busy seconds) where that is higher: an executor cannot beat its own
+    standalone speed, so a lower standalone figure was measured wrong. Returns the figures and the
+    raised ones as {executor: (standalone, run speed)}."""
+    figures, raised = [], {}
+    for i, v in enumerate(standalone):
+        busy, images = result.busy_by_executor[i], result.images_by_executor[i]
+        speed = images / busy if busy > 0 and images > 0 else 0.0
+        if speed > v * RAISE_MARGIN:
+            raised[i] = (v, speed)
+            v = speed
+        figures.append(v)
+    return figures, raised
+
+
+def drive_measurement(ctx: RunContext, pool: Pool, strategy: str, params: dict[str, Any], result: DriveResult,
+                      standalone: list[float]) -> Measurement:
+    """A data-parallel run's Measurement: throughput against the limit (the summed standalone
+    figures, see ``limit_figures``), per-executor figures, the output check."""
+    ok, diff, tol, problems = ctx.check(result.outputs, result.coverage, precision_of(pool), pool.simulated)
+    throughput = ctx.workload.images / result.wall_s if result.wall_s > 0 else 0.0
+    figures, raised = limit_figures(standalone, result)
+    limit = float(sum(figures))
+    executors = [
+        ExecutorReport(spec.name, spec.device, result.images_by_executor[i], result.busy_by_executor[i],
+                       figures[i], spec.kind == "sim", result.died[i])
+        for i, spec in enumerate(pool.spec.executors)
+    ]
+    extra: dict[str, Any] = {"pool": pool.spec.to_dict()}
+    if raised:
+        extra["limit_raised"] = {pool.names[i]: {"standalone_ips": a, "run_ips": b} for i, (a, b) in raised.items()}
+    return Measurement(
+        model=ctx.model.name, strategy=strategy, params=params, images=ctx.workload.images,
+        wall_s=result.wall_s, throughput_ips=throughput, limit_ips=limit,
+        efficiency=throughput / limit if limit > 0 else 0.0, output_ok=ok, max_abs_diff=diff,
+        tolerance=tol, executors=executors, timeline=result.timeline,
+        failures=result.failures + problems, simulated=pool.simulated, extra=extra,
+    )

@@ -1,4 +1,4 @@
-"""The Strategy extension point: a name, declared parameters, and ``run(pool, workload, params)``."""
+"""The Strategy extension point: a name, declared parameters, and ``run(pool, ctx, params)``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from autohet.params import Param, validate_params
 
 if TYPE_CHECKING:
+    from autohet.context import RunContext
     from autohet.measurement import Measurement
-    from autohet.pool import Pool
-    from autohet.run import RunContext
+    from autohet.pool import Pool, PoolSpec
 
 __all__ = ["Strategy"]
 
@@ -18,15 +18,18 @@ __all__ = ["Strategy"]
 class Strategy(ABC):
     """One way of using an executor pool.
 
-    Subclasses set ``name``, ``family``, ``objective`` and ``params`` and implement ``run``.
-    ``run`` must execute the real model on the pool's executors and return a Measurement whose
-    outputs were checked against the single-device reference (``RunContext.check``).
+    Subclasses set ``name``, ``family``, ``modes`` (the runs it serves: ``throughput``, ``latency``)
+    and ``params``, and implement ``run``. ``run`` executes the real model on the pool's devices and
+    returns a Measurement whose outputs were checked against the single-device reference
+    (``RunContext.check``).
     """
 
     name: ClassVar[str]
     family: ClassVar[str]
-    objective: ClassVar[str] = "throughput"  # or "latency"
+    modes: ClassVar[tuple[str, ...]] = ("throughput",)
     params: ClassVar[dict[str, Param]] = {}
+    # runs on the in-process engine (autohet.engine): the pool's executor actors are not started for it
+    on_engine: ClassVar[bool] = False
 
     def validate(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in; unknown names and out-of-range values raise UserError."""
@@ -34,6 +37,17 @@ class Strategy(ABC):
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:  # noqa: B027
         """Optional hook: raise UserError when the params do not fit this pool."""
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        """Optional hook: parameter values that suit this pool better than the declared defaults
+        (e.g. chunk sizes in batches where devices differ 1000x in speed). They apply as one set,
+        only when the user gives none of their keys, so a size the user sets keeps its unit."""
+        return {}
+
+    def defaults_for(self, spec: PoolSpec, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` completed with the pool-suited defaults (when none of their keys is given)."""
+        suggested = self.suggested_defaults(spec)
+        return given if set(suggested) & set(given) else {**suggested, **given}
 
     @abstractmethod
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:

@@ -10,14 +10,14 @@ from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.errors import UserError
-from autohet.params import Param
-from autohet.strategies._driver import SchedState, drive, split_by_weights
+from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam
+from autohet.strategies._driver import SchedState, drive, drive_measurement, split_by_weights
 from autohet.strategies.base import Strategy
 
 if TYPE_CHECKING:
+    from autohet.context import RunContext
     from autohet.measurement import Measurement
-    from autohet.pool import Pool
-    from autohet.run import RunContext
+    from autohet.pool import Pool, PoolSpec
 
 __all__ = ["ChunkScheduler", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler", "HatScheduler",
            "QuickScheduler", "SingleScheduler", "StaticScheduler"]
@@ -26,8 +26,14 @@ Plan = list[tuple[int, int]]
 
 # Opt-in variant of the seed's fixed sizes (probe, chunk): counted in images, as the seed says, or in
 # batches of the executor that runs them (a GPU ~1000x faster than a CPU group then gets its own size).
-UNIT = Param("unit", "choice", "images", choices=("images", "batches"),
-             help="fixed sizes count images (the seed's rule) or batches of each executor")
+UNIT = ChoiceParam("unit", "images", choices=("images", "batches"),
+                   help="fixed sizes count images (the seed's rule) or batches of each executor")
+
+
+def mixed_speeds(spec: PoolSpec) -> bool:
+    """Whether the pool mixes GPUs and CPU groups: devices ~100-1000x apart in speed, where the
+    seed's fixed image counts (right for its Caffe/GTX machines) give a CPU group minutes of work."""
+    return any(e.uses_gpu for e in spec.executors) and not all(e.uses_gpu for e in spec.executors)
 
 
 class DataParallelStrategy(Strategy):
@@ -46,11 +52,23 @@ class DataParallelStrategy(Strategy):
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         self.check_pool(pool, params)
         result = drive(self, params, pool.dispatcher(), ctx.workload.images, ctx.on_event,
-                       [e.batch for e in pool.spec.executors], ctx.deadline_s, ctx.lookahead)
-        # the limit is measured right after the run, when nothing else competes for the devices
-        # (at a trial's start the previous trial's process and its logging may still be running)
+                       [e.batch for e in pool.spec.executors], ctx.deadline_s, ctx.lookahead,
+                       progress=ctx.progress, hint=lambda: self.slow_hint(pool, params))
+        # standalone figures: measured once per executor class (before the run by the CLI, right after
+        # it by the tuner, when nothing else competes for the devices)
         standalone = ctx.standalone(pool)
-        return ctx.measurement(pool, self.name, params, result, standalone)
+        return drive_measurement(ctx, pool, self.name, params, result, standalone)
+
+    def slow_hint(self, pool: Pool, params: dict[str, Any]) -> str:
+        """What to change when a run of these params is too slow (named in the timeout error)."""
+        sizes = {k: v for k, v in params.items() if k in ("p", "c", "w_s", "w", "s")}
+        if params.get("unit") == "images" and mixed_speeds(pool.spec):
+            return (f"a fixed size of {', '.join(f'{k}={v}' for k, v in sizes.items())} images is minutes of work "
+                    "for a CPU group next to a GPU; try --set unit=batches (sizes then count each executor's "
+                    "batches) or smaller sizes")
+        if sizes:
+            return f"try smaller {', '.join(sizes)} (now {', '.join(f'{k}={v}' for k, v in sizes.items())})"
+        return "try fast_split or fifo with unit=batches, or fewer --images"
 
 
 class SingleScheduler(DataParallelStrategy):
@@ -58,7 +76,8 @@ class SingleScheduler(DataParallelStrategy):
 
     name = "single"
     barrier = True
-    params = {"executor": Param("executor", "int", 0, 0, 1023, help="index of the executor in the pool")}
+    modes = ("throughput", "latency")
+    params = {"executor": IntParam("executor", 0, low=0, high=1023, help="index of the executor in the pool")}
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         if params["executor"] >= len(pool):
@@ -66,12 +85,16 @@ class SingleScheduler(DataParallelStrategy):
                             f"{len(pool)} executors (0-{len(pool) - 1}: {', '.join(pool.names)})")
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        if ctx.objective != "latency":
+        if ctx.mode != "latency":
             return super().run(pool, ctx, params)
-        from autohet.latency import latency_on_executor
+        from autohet.strategies._latency import latency_on_executor
 
         self.check_pool(pool, params)
         return latency_on_executor(pool, ctx, params["executor"], self.name, params)
+
+    def slow_hint(self, pool: Pool, params: dict[str, Any]) -> str:
+        return (f"executor {pool.names[params['executor']]} alone cannot finish in time; pick a faster executor "
+                "(--set executor=N), fewer --images or a longer --timeout")
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         target = params["executor"] if params["executor"] in idle else idle[0]
@@ -83,7 +106,7 @@ class StaticScheduler(DataParallelStrategy):
 
     name = "static"
     barrier = True
-    params = {"ratios": Param("ratios", "float_list", None, 0.0, None, help="one weight per executor")}
+    params = {"ratios": FloatListParam("ratios", None, low=0.0, help="one weight per executor")}
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         ratios = params["ratios"]
@@ -102,7 +125,10 @@ class QuickScheduler(DataParallelStrategy):
 
     name = "quick"
     barrier = True
-    params = {"p": Param("p", "int", 64, 1, 100000, help="probe size per executor"), "unit": UNIT}
+    params = {"p": IntParam("p", 64, low=1, high=100000, help="probe size per executor"), "unit": UNIT}
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        return {"unit": "batches", "p": 2} if mixed_speeds(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         if state.round_index == 1:
@@ -116,7 +142,11 @@ class ChunkScheduler(DataParallelStrategy):
 
     name = "chunk"
     barrier = True
-    params = {"w": Param("w", "int", 512, 1, 1000000, help="images per round")}
+    params = {"w": IntParam("w", 512, low=1, high=1000000, help="images per round")}
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        # round 1 is split equally: about one batch per executor, not 512 images on a one-core group
+        return {"w": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         total = min(params["w"], state.remaining)
@@ -131,9 +161,12 @@ class HatScheduler(DataParallelStrategy):
     name = "hat"
     barrier = True
     params = {
-        "s": Param("s", "int", 128, 1, 1000000, help="initial chunk (images in round 1)"),
-        "tol": Param("tol", "float", 0.1, 0.0, 1.0, help="finish times are close when (max-min)/max <= tol"),
+        "s": IntParam("s", 128, low=1, high=1000000, help="initial chunk (images in round 1)"),
+        "tol": FloatParam("tol", 0.1, low=0.0, high=1.0, help="finish times are close when (max-min)/max <= tol"),
     }
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        return {"s": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) else {}
 
     def begin(self, state: SchedState, params: dict[str, Any]) -> None:
         state.memo["chunk"] = params["s"]
@@ -158,7 +191,10 @@ class FifoScheduler(DataParallelStrategy):
     """Fixed chunks of c images to whichever executor is idle; no barrier."""
 
     name = "fifo"
-    params = {"c": Param("c", "int", 128, 1, 1000000, help="chunk size"), "unit": UNIT}
+    params = {"c": IntParam("c", 128, low=1, high=1000000, help="chunk size"), "unit": UNIT}
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        return {"unit": "batches", "c": 4} if mixed_speeds(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         return [(i, state.fixed_size(i, params["c"], params["unit"])) for i in idle]
@@ -170,11 +206,16 @@ class FastSplitScheduler(DataParallelStrategy):
 
     name = "fast_split"
     params = {
-        "w_s": Param("w_s", "int", 64, 1, 1000000, help="probe chunk"),
-        "r": Param("r", "float", 0.5, 0.01, 1.0, help="fraction of the remaining work for the fastest"),
-        "threshold": Param("threshold", "int", 100, 1, 1000000, help="below it, the rest goes at once"),
+        "w_s": IntParam("w_s", 64, low=1, high=1000000, help="probe chunk"),
+        "r": FloatParam("r", 0.5, low=0.01, high=1.0, help="fraction of the remaining work for the fastest"),
+        "threshold": IntParam("threshold", 100, low=1, high=1000000, help="below it, the rest goes at once"),
         "unit": UNIT,
     }
+
+    def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
+        # H100 box (BENCHMARKS 2a): w_s=2 batches, r=0.8, threshold=1 reached 0.990-0.994 of the limit; a
+        # threshold of 100 images hands a CPU group up to ~10 s of vgg16 at the end
+        return {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1} if mixed_speeds(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         probing = any(alive and done == 0 for alive, done in zip(state.alive, state.completed_units,

@@ -6,11 +6,8 @@ parameters applied. Only one topology runs at a time: devices are never shared b
 Executors present in two topologies (a GPU with its feeding core) keep one actor, and the
 actors of a topology the tuner left stay alive for when it comes back.
 
-Standalone throughputs (the limit) are measured once per executor *class* and configuration:
-executors of the same kind, core count, GPU, node and parameters (the 15 one-core groups of a
-16-core machine) share one measurement, taken on the first of them, and it is reused by every
-later trial and topology that has that class. On a GPU machine this turns minutes of measuring
-slow CPU groups one by one into seconds.
+Standalone throughputs (the limit) are measured once per executor class and configuration
+(``autohet.pool.standalone``) and reused by every later trial and topology.
 """
 
 from __future__ import annotations
@@ -18,49 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
-from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
-from autohet.pool import PoolSpec, RayPool, identity, load_pool
+from autohet.pool import PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.workload import Workload, WorkloadSpec
 
-__all__ = ["PoolManager", "StandaloneCache", "executor_class", "regroup"]
-
-
-def executor_class(spec: ExecutorSpec) -> ExecutorSpec:
-    """The spec with what does not change its standalone speed blanked: its name and which cores
-    (their count stays). Executors with equal classes share one standalone measurement."""
-    return replace(spec, name="", cores=tuple(range(len(spec.cores))))
-
-
-class StandaloneCache:
-    """Standalone throughputs measured once per executor class, configuration and unit cap."""
-
-    def __init__(self) -> None:
-        self.values: dict[tuple[ExecutorSpec, int | None], float] = {}
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def measure(self, pool: Any, seconds: float, max_images: int | None) -> list[float]:
-        """The pool's standalone figures, measuring only the first executor of each class not yet known."""
-        keys = [(executor_class(e), max_images) for e in pool.spec.executors]
-        first: dict[tuple, int] = {}
-        for i, key in enumerate(keys):
-            if key not in self.values:
-                first.setdefault(key, i)
-        if first:
-            measured = pool.standalone_ips(seconds, max_images, indices=list(first.values()))
-            self.values.update(zip(first, measured, strict=True))
-        return [self.values[key] for key in keys]
-
-    def known(self, spec: ExecutorSpec) -> float | None:
-        """The best figure known for this executor's class and configuration (any unit cap), or None."""
-        cls = executor_class(spec)
-        found = [v for (c, _), v in self.values.items() if c == cls and v > 0]
-        return max(found) if found else None
+__all__ = ["PoolManager", "regroup"]
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
@@ -106,14 +67,17 @@ class PoolManager:
         self.standalone_cache = StandaloneCache()
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
-                ) -> tuple[PoolSpec, list[Any]]:
+                ) -> tuple[PoolSpec, list[Any], float]:
+        """The topology's spec and actors with the trial's executor params applied, and the seconds
+        the executors spent compiling for it (0 when their compiled artefacts were already there)."""
         spec = regroup(self.base, pool_params)
         key = tuple(identity(e) for e in spec.executors)
         self.acquires += 1
+        compile_s = 0.0
         if key != self.key or self.pool is None:
             adopt = {i: self.live[i] for i in key if i in self.live}
             self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
-            self.pool.start(self.model, self.workload, adopt=adopt)
+            compile_s += self.pool.start(self.model, self.workload, adopt=adopt) or 0.0
             self.pool.owned = False  # its actors are the manager's to end
             self.live.update(zip(key, self.pool.actors, strict=True))
             self.key = key
@@ -121,8 +85,8 @@ class PoolManager:
             self.actors_adopted += len(adopt)
         self.last_used.update(dict.fromkeys(key, self.acquires))
         self._evict(set(key))
-        self.pool.configure(exec_params)
-        return self.pool.spec, list(self.pool.actors)
+        compile_s += self.pool.configure(exec_params) or 0.0
+        return self.pool.spec, list(self.pool.actors), compile_s
 
     def _evict(self, current: set[tuple]) -> None:
         extra = len(self.live) - self.max_live_actors

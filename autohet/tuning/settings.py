@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autohet.errors import UserError
+from autohet.objectives import ObjectiveSet
 from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["TuneSettings", "load_settings"]
@@ -34,8 +35,7 @@ class TuneSettings:
     cut_factor: float = 4.0  # throughput: cut a run longer than this x the fastest valid run so far (0: never)
 
     def validate(self) -> TuneSettings:
-        if self.objective not in ("throughput", "latency"):
-            raise UserError(f"objective must be throughput or latency, got {self.objective!r}")
+        self.objective = ObjectiveSet.parse(str(self.objective)).name
         for name in ("trials", "min_images", "max_images", "check_images", "latency_runs"):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -66,6 +66,10 @@ class TuneSettings:
             return float(self.trial_timeout_s)
         expected = images / limit_ips if limit_ips > 0 else 60.0
         return max(20.0, 10.0 * expected)
+
+    @property
+    def objectives(self) -> ObjectiveSet:
+        return ObjectiveSet.parse(self.objective)
 
     @property
     def strategy_list(self) -> list[str] | None:

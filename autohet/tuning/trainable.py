@@ -1,4 +1,10 @@
-"""The function Ray Tune runs for each trial: one real strategy run on the manager's executors."""
+"""The function Ray Tune runs for each trial: one real strategy run on the manager's executors.
+
+A trial ends with one status (``autohet.tracking.STATUSES``): ``ok``, ``invalid`` (outputs failed
+the check), ``cut`` (slower than the deadline or than cut_factor x the fastest run), ``refused``
+(it cannot finish in time, or its parameters do not fit the pool). Only ``ok`` trials carry their
+objective values; the others report each objective's worst value, so the searcher never prefers them.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +17,19 @@ import numpy as np
 import yaml
 
 from autohet.config import RunConfig
+from autohet.context import RunContext
 from autohet.errors import RunTimeout, UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec
-from autohet.run import RunContext, run_strategy
+from autohet.objectives import ObjectiveSet
+from autohet.running import run_strategy
 from autohet.tuning.space import SearchSpace
 from autohet.workload import Workload
 
-__all__ = ["TrialSetup", "run_trial", "trial_metrics", "INVALID"]
+__all__ = ["CUT_FLOOR_S", "TrialSetup", "objective_metrics", "run_trial", "trial_metrics", "tune_entry"]
 
-# Objective values for trials that are invalid (failed output check or error): never the best.
-INVALID = {"throughput": 0.0, "latency": 1e12}
+# The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
+CUT_FLOOR_S = 5.0
 
 
 @dataclass
@@ -41,22 +49,22 @@ class TrialSetup:
     npy: str | None = None
     reference: dict[str, np.ndarray] = field(default_factory=dict)
 
+    @property
+    def objectives(self) -> ObjectiveSet:
+        return ObjectiveSet.parse(self.objective)
 
-def trial_metrics(m: Measurement, objective: str) -> dict[str, Any]:
-    """The flat numbers reported to Tune (and logged to MLflow) for a measured trial."""
-    valid = bool(m.output_ok)
-    if objective == "latency":
-        value = m.latency_ms.get("p50", INVALID["latency"]) if valid else INVALID["latency"]
-    else:
-        value = m.throughput_ips if valid else INVALID["throughput"]
-    out: dict[str, Any] = {
-        "objective_value": float(value), "valid": int(valid), "throughput_ips": m.throughput_ips,
-        "limit_ips": m.limit_ips, "efficiency": m.efficiency, "max_abs_diff": m.max_abs_diff,
-        "wall_s": m.wall_s, "images": m.images, "simulated": int(m.simulated),
-    }
+
+def trial_metrics(m: Measurement) -> dict[str, Any]:
+    """The flat numbers reported to Tune (and logged to MLflow) for a measured trial: only figures
+    that were measured (a latency run has no limit and no efficiency)."""
+    out: dict[str, Any] = {"throughput_ips": m.throughput_ips, "max_abs_diff": m.max_abs_diff, "wall_s": m.wall_s,
+                           "images": m.images, "simulated": int(m.simulated)}
+    if m.limit_ips is not None:
+        out.update(limit_ips=m.limit_ips, efficiency=m.efficiency)
     for key in ("p50", "p95"):
         if key in m.latency_ms:
             out[f"latency_{key}_ms"] = m.latency_ms[key]
+    out.update({k: v for k, v in (m.extra.get("energy") or {}).items() if isinstance(v, int | float)})
     total = sum(e.images for e in m.executors) or 1
     for e in m.executors:
         out[f"share.{e.name}"] = e.images / total
@@ -64,8 +72,18 @@ def trial_metrics(m: Measurement, objective: str) -> dict[str, Any]:
     return out
 
 
-def _invalid(objective: str, error: str) -> dict[str, Any]:
-    return {"objective_value": INVALID[objective], "valid": 0, "error": error[:500]}
+def objective_metrics(result: dict[str, Any], objectives: ObjectiveSet) -> dict[str, float]:
+    """``objective_value`` (the first objective) and ``objective.<name>`` for each: the figures the
+    searcher reads; the worst value wherever the trial is not ok or did not measure the figure."""
+    ok = result.get("status") == "ok"
+    values = objectives.values(result) if ok else [o.worst for o in objectives.objectives]
+    out = {f"objective.{o.name}": float(v) for o, v in zip(objectives.objectives, values, strict=True)}
+    out["objective_value"] = float(values[0])
+    return out
+
+
+def _ended(status: str, strategy: str, params: dict[str, Any], error: str, **extra: Any) -> dict[str, Any]:
+    return {"status": status, "strategy": strategy, "params_json": json.dumps(params), "error": error[:500], **extra}
 
 
 def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
@@ -78,6 +96,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     manager = ray.get_actor(setup.manager_name, namespace="autohet")
     phases = {"time.acquire_s": 0.0, "time.standalone_s": 0.0}  # where a trial's seconds go
     started = time.perf_counter()
+    objectives = setup.objectives
 
     def standalone(pool: Any, share: int) -> list[float]:
         t0 = time.perf_counter()
@@ -86,24 +105,25 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         finally:
             phases["time.standalone_s"] += time.perf_counter() - t0
 
-    def timed(result: dict[str, Any]) -> dict[str, Any]:
+    def finish(result: dict[str, Any]) -> dict[str, Any]:
         phases["time.trial_s"] = time.perf_counter() - started
         phases["time.run_s"] = phases["time.trial_s"] - phases["time.acquire_s"] - phases["time.standalone_s"]
         result.update(phases)
+        result.update(objective_metrics(result, objectives))
         return result
 
     ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
-                     objective=setup.objective, latency_runs=setup.latency_runs, standalone_provider=standalone,
-                     deadline_s=setup.deadline_s,
-                     _reference=dict(setup.reference))
+                     mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
+                     deadline_s=setup.deadline_s, _reference=dict(setup.reference))
     cut = _cut_deadline(manager, setup)
     if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
         ctx.deadline_s = cut
     else:
         cut = None
     try:
-        spec, actors = ray.get(manager.acquire.remote(pool_params, exec_params))
+        spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
         phases["time.acquire_s"] = time.perf_counter() - started
+        phases["time.compile_s"] = compile_s
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
         _refuse_hopeless_single(strategy, params, manager, setup)
@@ -114,34 +134,29 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         message = str(exc) if cut is None else (
             f"cut at {cut:.1f} s: slower than 1/{setup.cut_factor:g} of the fastest valid trial so far "
             f"(cut_factor {setup.cut_factor:g})")
-        result = _invalid(setup.objective, message)
-        result.update(strategy=strategy, params_json=json.dumps(params), timed_out=1)
-        return timed(result)
+        return finish(_ended("cut", strategy, params, message))
     except UserError as exc:
-        result = _invalid(setup.objective, str(exc))
-        result.update(strategy=strategy, params_json=json.dumps(params))
-        return timed(result)
+        return finish(_ended("refused", strategy, params, str(exc)))
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
-    if m.output_ok:
+    status = "ok" if m.output_ok else "invalid"
+    if status == "ok" and objectives.mode == "throughput":
         ray.get(manager.record_wall.remote(m.wall_s))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
-                           executor_params=exec_params, objective=setup.objective,
+                           executor_params=exec_params, objective=objectives.name,
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                      "efficiency": m.efficiency, "latency_ms": m.latency_ms,
                                      "output_ok": m.output_ok, "max_abs_diff": m.max_abs_diff,
-                                     "simulated": m.simulated})
-    result = trial_metrics(m, setup.objective)
-    result.update(strategy=strategy, params_json=json.dumps(m.params),
+                                     "simulated": m.simulated, **(m.extra.get("energy") or {})})
+    result = trial_metrics(m)
+    result.update(status=status, strategy=strategy, params_json=json.dumps(m.params),
                   measurement=m.to_json(timeline=True),
                   config_yaml=yaml.safe_dump(config_out.to_dict(), sort_keys=False))
+    if m.extra.get("unavailable"):
+        result["unavailable"] = m.extra["unavailable"]
     if not m.output_ok:
         result["error"] = "; ".join(m.failures)[:500]
-    return timed(result)
-
-
-# The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
-CUT_FLOOR_S = 5.0
+    return finish(result)
 
 
 def _cut_deadline(manager: Any, setup: TrialSetup) -> float | None:
@@ -149,7 +164,7 @@ def _cut_deadline(manager: Any, setup: TrialSetup) -> float | None:
     fastest valid run so far is that much slower: it is cut there instead of run to the end."""
     import ray
 
-    if setup.objective != "throughput" or not setup.cut_factor:
+    if setup.objectives.mode != "throughput" or not setup.cut_factor:
         return None
     fastest = ray.get(manager.fastest_wall.remote())
     return None if fastest is None else max(CUT_FLOOR_S, setup.cut_factor * fastest)
@@ -161,7 +176,7 @@ def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any,
     of running until it is cut and its actor replaced."""
     import ray
 
-    if strategy != "single" or setup.deadline_s is None or setup.objective != "throughput":
+    if strategy != "single" or setup.deadline_s is None or setup.objectives.mode != "throughput":
         return
     index = params.get("executor")
     if not isinstance(index, int):

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autohet.placement._model import Problem, TransferFn, linear_transfer, table_transfer
-from autohet.placement._search import (
+from autohet.planners._placement import (
     PlacementResult,
     critical_path,
     decode,
@@ -21,6 +20,7 @@ from autohet.placement._search import (
     search_space,
     valid_indices,
 )
+from autohet.planners._placement_problem import Problem, TransferFn, linear_transfer, table_transfer
 
 __all__ = [
     "PlacementResult", "Problem", "TransferFn", "critical_path", "decode", "encode", "greedy",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["comparison_figure", "timeline_figure"]
+__all__ = ["comparison_figure", "pareto_figure", "timeline_figure"]
 
 
 def _plt():
@@ -42,5 +42,27 @@ def comparison_figure(best: dict[str, float], metric: str, title: str):
     ax.set_title(title)
     for i, n in enumerate(names):
         ax.text(i, best[n], f"{best[n]:.4g}", ha="center", va="bottom", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def pareto_figure(runs: list[Any], front_runs: list[Any], objectives: Any, title: str):
+    """Every ok trial on the two objectives' axes, the front highlighted and joined."""
+    plt = _plt()
+    a, b = objectives.objectives[:2]
+    front_ids = {r.info.run_id for r in front_runs}
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for run in runs:
+        x, y = a.value(run.data.metrics), b.value(run.data.metrics)
+        if x is None or y is None or run.data.tags.get("status", "ok") != "ok":
+            continue
+        on = run.info.run_id in front_ids
+        ax.scatter([x], [y], c="tab:red" if on else "tab:gray", s=30 if on else 12, zorder=3 if on else 2)
+    pts = sorted((a.value(r.data.metrics), b.value(r.data.metrics)) for r in front_runs)
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], c="tab:red", lw=1)
+    ax.set_xlabel(f"{a.name} ({a.unit}, {a.direction})")
+    ax.set_ylabel(f"{b.name} ({b.unit}, {b.direction})")
+    ax.set_title(title)
     fig.tight_layout()
     return fig

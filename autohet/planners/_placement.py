@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autohet.errors import UserError
-from autohet.placement._model import Problem
+from autohet.planners._placement_problem import Problem
 
 __all__ = ["PlacementResult", "critical_path", "decode", "encode", "greedy", "place", "search_space",
            "valid_indices"]

@@ -1,48 +1,71 @@
-"""One run of a strategy on a pool: standalone limits, the run, the output check, the Measurement."""
+"""What every strategy run needs: the model, the workload, the output check, run-wide settings.
+
+It sits below the strategies (they import it) and above the pools (it reads their specs), so
+strategies never import the code that runs them.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.measurement import ExecutorReport, Measurement
+from autohet.measurement import ExecutorReport, Measurement, percentile
 from autohet.models import ModelSpec, build_model
-from autohet.pool.dispatch import Completion
+from autohet.objectives import RUN_MODES
 from autohet.workload import Workload
 
 if TYPE_CHECKING:
     from autohet.pool import Pool
-    from autohet.strategies._driver import DriveResult
 
-__all__ = ["RunContext", "TOLERANCE", "precision_of", "run_strategy"]
+__all__ = ["TOLERANCE", "RunContext", "precision_of", "tolerance_for"]
 
-# Allowed max |out - ref| relative to max |ref|, by the least precise executor's precision.
+# Allowed max |out - ref| relative to max |ref|, by the least precise precision taking part.
 TOLERANCE = {"fp32": 1e-3, "tf32": 5e-3, "fp16": 1e-2, "bf16": 5e-2}
 _ORDER = ["fp32", "tf32", "fp16", "bf16"]
 
 
+def tolerance_for(precisions: list[str] | tuple[str, ...]) -> str:
+    """The least precise of ``precisions``: it sets the output check's tolerance."""
+    return max(precisions, key=_ORDER.index) if precisions else "fp32"
+
+
+def precision_of(pool: Pool) -> str:
+    """The least precise executor precision of a pool."""
+    return tolerance_for([e.precision for e in pool.spec.executors])
+
+
 @dataclass
 class RunContext:
-    """The model and workload of a run, the reference for the output check, run-wide settings."""
+    """The model and workload of a run, the reference for the output check, run-wide settings.
+
+    ``mode`` is the kind of run: ``throughput`` (all images through the pool) or ``latency``
+    (batch-1 requests timed one by one). ``deadline_s`` bounds a run (RunTimeout past it);
+    ``progress`` is called with (images done, images total) as work completes.
+    """
 
     model: ModelSpec
     workload: Workload
     check_images: int = 64
     standalone_seconds: float = 1.0
-    on_event: Callable[[Completion], None] | None = None
-    objective: str = "throughput"
+    on_event: Callable[[Any], None] | None = None
+    mode: str = "throughput"
     latency_runs: int = 50
     standalone_provider: Callable[[Pool, int], list[float]] | None = None
-    deadline_s: float | None = None  # a data-parallel run that takes longer raises RunTimeout
+    deadline_s: float | None = None
     lookahead: bool = True  # GPUs get their next unit while the current one drains (off: for A/B benches)
+    progress: Callable[[int, int], None] | None = None
     _reference: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
+    def __post_init__(self) -> None:
+        if self.mode not in RUN_MODES:
+            raise ValueError(f"mode must be one of {RUN_MODES}, got {self.mode!r}")
+
     def standalone(self, pool: Pool) -> list[float]:
-        """Each executor's standalone throughput (the limit is their sum): measured now, or by the
-        provider (the tuner measures once per executor configuration and reuses it)."""
+        """Each executor's standalone throughput: measured now, or by the provider (the tuner
+        measures once per executor configuration and reuses it)."""
         share = max(1, self.workload.images // max(1, len(pool)))
         if self.standalone_provider is not None:
             return self.standalone_provider(pool, share)
@@ -50,9 +73,7 @@ class RunContext:
 
     def with_images(self, images: int) -> RunContext:
         """The same context over the first ``images`` images of the same bank (reference kept)."""
-        return RunContext(self.model, Workload(self.workload.bank, images), self.check_images,
-                          self.standalone_seconds, self.on_event, self.objective, self.latency_runs,
-                          self.standalone_provider, self.deadline_s, self.lookahead, self._reference)
+        return replace(self, workload=Workload(self.workload.bank, images))
 
     def reference(self, indices: np.ndarray, simulated: bool) -> np.ndarray:
         """Single-device fp32 CPU outputs for ``indices`` (cached per run context)."""
@@ -89,38 +110,21 @@ class RunContext:
             problems.append(f"outputs differ from the single-device reference: max |diff| {diff:.3g} > {tol:.3g}")
         return not problems, diff, tol, problems
 
-    def measurement(self, pool: Pool, strategy: str, params: dict[str, Any], result: DriveResult,
-                    standalone: list[float]) -> Measurement:
-        precision = precision_of(pool)
-        ok, diff, tol, problems = self.check(result.outputs, result.coverage, precision, pool.simulated)
-        throughput = self.workload.images / result.wall_s if result.wall_s > 0 else 0.0
-        limit = float(sum(standalone))
-        executors = [
-            ExecutorReport(spec.name, spec.device, result.images_by_executor[i], result.busy_by_executor[i],
-                           standalone[i], spec.kind == "sim", result.died[i])
-            for i, spec in enumerate(pool.spec.executors)
-        ]
+    def latency_measurement(self, pool: Pool, strategy: str, params: dict[str, Any], times_s: list[float],
+                            outputs: np.ndarray, executors: list[ExecutorReport],
+                            precision: str | None = None) -> Measurement:
+        """A batch-1 latency run's Measurement: p50/p95/mean in ms, outputs checked. No limit and no
+        efficiency: a latency run has no measured bound to compare with (its baselines are separate runs)."""
+        runs = len(times_s)
+        run_ctx = self.with_images(runs)
+        ok, diff, tol, problems = run_ctx.check(outputs, np.ones(runs, dtype=np.int32),
+                                                precision or precision_of(pool), pool.simulated)
+        p50 = percentile(times_s, 50)
         return Measurement(
-            model=self.model.name, strategy=strategy, params=params, images=self.workload.images,
-            wall_s=result.wall_s, throughput_ips=throughput, limit_ips=limit,
-            efficiency=throughput / limit if limit > 0 else 0.0, output_ok=ok, max_abs_diff=diff,
-            tolerance=tol, executors=executors, timeline=result.timeline,
-            failures=result.failures + problems, simulated=pool.simulated,
+            model=self.model.name, strategy=strategy, params=params, images=runs, wall_s=float(sum(times_s)),
+            throughput_ips=1.0 / p50 if p50 > 0 else 0.0, limit_ips=None, efficiency=None, output_ok=ok,
+            max_abs_diff=diff, tolerance=tol, executors=executors, failures=problems, simulated=pool.simulated,
+            latency_ms={"p50": p50 * 1e3, "p95": percentile(times_s, 95) * 1e3,
+                        "mean": float(np.mean(times_s)) * 1e3, "runs": runs},
             extra={"pool": pool.spec.to_dict()},
         )
-
-
-def precision_of(pool: Pool) -> str:
-    """The least precise executor precision of a pool: it sets the output check's tolerance."""
-    return max((e.precision for e in pool.spec.executors), key=_ORDER.index)
-
-
-def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: RunContext) -> Measurement:
-    """Validates params, starts the pool for the context's model/workload, runs the strategy."""
-    from autohet.strategies import get_strategy
-
-    strategy = get_strategy(strategy_name)
-    checked = strategy.validate(params)
-    strategy.check_pool(pool, checked)
-    pool.start(ctx.model, ctx.workload)
-    return strategy.run(pool, ctx, checked)

@@ -1,0 +1,19 @@
+"""The in-process engine: parts of one inference on several devices at once.
+
+Devices are objects (a CPU core group with its own threads, a GPU or a partition of its SMs with
+its own stream), programs are steps on devices with explicit transfers, joins and partial sums,
+and one Ray actor runs any in-process strategy's job. Placement, intra-layer split, channel
+partitioning and pipelining all run here.
+"""
+
+from __future__ import annotations
+
+from autohet.engine.devices import DTYPES, HOST, CpuDevice, Device, GpuDevice, Value
+from autohet.engine.jobs import EngineActor, EngineJob, build_engine, device_for, run_job
+from autohet.engine.program import Engine, FrameStream, Program, Step, StepTime, move, with_transfers
+
+__all__ = [
+    "DTYPES", "HOST", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream", "GpuDevice",
+    "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "move",
+    "run_job", "with_transfers",
+]

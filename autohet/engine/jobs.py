@@ -1,0 +1,104 @@
+"""In-process strategies' work as jobs: an engine over the pool's devices, in this process or in
+one Ray actor (the only Ray code of the in-process families).
+
+A job is a plain picklable object with ``run(engine) -> dict``. Under Ray it runs in an engine
+actor that sees every GPU without claiming one (the pool's executor actors hold the devices and
+sit idle meanwhile: trials never overlap); the actor and its engine are kept for later jobs over
+the same devices, so compiled graphs and green contexts are made once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from autohet.engine.devices import CpuDevice, Device, GpuDevice
+from autohet.engine.program import Engine
+from autohet.errors import UserError
+from autohet.executors.base import ExecutorSpec
+
+__all__ = ["EngineActor", "EngineJob", "build_engine", "device_for", "run_job"]
+
+
+class EngineJob(ABC):
+    """The work of one in-process strategy run."""
+
+    @abstractmethod
+    def run(self, engine: Engine) -> dict[str, Any]:
+        """Runs on an engine whose devices are the job's executors (named as in the pool)."""
+
+
+def _partition_streams(specs: Sequence[ExecutorSpec]) -> dict[str, Any]:
+    """Executor name -> stream factory for GPU executors with ``sms`` (one disjoint split per GPU)."""
+    from autohet.executors.green import sm_partitions
+
+    by_gpu: dict[int, list[ExecutorSpec]] = {}
+    for spec in specs:
+        if spec.kind == "gpu" and spec.sms:
+            by_gpu.setdefault(spec.gpu or 0, []).append(spec)
+    out = {}
+    for gpu, members in by_gpu.items():
+        parts = sm_partitions(gpu, [m.sms for m in members])
+        for member, part in zip(members, parts, strict=True):
+            out[member.name] = (lambda p=part: p.stream)
+    return out
+
+
+def device_for(spec: ExecutorSpec, stream_factory: Any = None) -> Device:
+    """The engine device of a pool executor: its cores or GPU (partition), precision and layout."""
+    if spec.kind == "cpu":
+        return CpuDevice(spec.name, spec.cores, spec.precision, spec.channels_last)
+    if spec.kind == "gpu":
+        return GpuDevice(spec.name, spec.gpu or 0, spec.precision, spec.channels_last, stream_factory, spec.sms)
+    raise UserError(f"executor {spec.name} is {spec.kind}: in-process strategies run real devices; "
+                    "use a pool of cpu and gpu executors")
+
+
+def build_engine(specs: Sequence[ExecutorSpec]) -> Engine:
+    streams = _partition_streams(specs)
+    return Engine([device_for(s, streams.get(s.name)) for s in specs])
+
+
+class EngineActor:
+    """Plain class (``ray.remote`` at use): keeps one engine per device set and runs jobs on it."""
+
+    def __init__(self) -> None:
+        self.engines: dict[tuple[ExecutorSpec, ...], Engine] = {}
+
+    def run(self, job: EngineJob, specs: list[ExecutorSpec]) -> dict[str, Any]:
+        key = tuple(specs)
+        if key not in self.engines:
+            for engine in self.engines.values():  # one device set at a time: threads pin cores
+                engine.close()
+            self.engines = {key: build_engine(specs)}
+        return job.run(self.engines[key])
+
+
+_ACTOR: Any = None
+
+
+def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool) -> dict[str, Any]:
+    """Runs the job in this process, or in the engine actor when the pool is on Ray."""
+    if not on_ray:
+        engine = build_engine(specs)
+        try:
+            return job.run(engine)
+        finally:
+            engine.close()
+    import ray
+
+    global _ACTOR
+    if _ACTOR is None:
+        env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
+        _ACTOR = ray.remote(EngineActor).options(num_cpus=0, num_gpus=0, runtime_env=env,
+                                                 max_restarts=0).remote()
+    try:
+        return ray.get(_ACTOR.run.remote(job, list(specs)))
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, UserError):
+            raise UserError(str(exc.cause)) from None  # the one-line message, not Ray's wrapper
+        raise
+    except ray.exceptions.RayActorError:
+        _ACTOR = None  # died (e.g. out of memory): the next job starts a fresh one
+        raise

@@ -1,0 +1,121 @@
+"""Objectives: what a tune optimises, one small type each, combinable into a Pareto search.
+
+An objective names the trial metric it reads, its direction and unit, and the kind of run it
+needs: ``throughput`` (a stream of images through the pool) or ``latency`` (batch-1 requests one
+after another). ``energy`` (joules per image) is measured in either run. Two objectives give a
+Pareto front (``ObjectiveSet``); one objective compares trials by ``better``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from autohet.errors import UserError, unknown_name
+
+__all__ = ["ENERGY", "LATENCY", "OBJECTIVES", "RUN_MODES", "THROUGHPUT", "Objective", "ObjectiveSet"]
+
+# The two kinds of run a strategy can serve.
+RUN_MODES = ("throughput", "latency")
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One figure to optimise: ``metric`` in a trial's metrics, ``direction`` max or min."""
+
+    name: str
+    direction: str
+    unit: str
+    metric: str
+    mode: str | None  # the run it needs; None: measured in any run
+
+    @property
+    def worst(self) -> float:
+        """The value a trial without this figure reports to the searcher: never the best."""
+        return 0.0 if self.direction == "max" else 1e12
+
+    def value(self, metrics: Mapping[str, float]) -> float | None:
+        """This objective's figure in ``metrics``, or None when the trial did not measure it."""
+        value = metrics.get(self.metric)
+        if value is None or not math.isfinite(float(value)):
+            return None
+        return float(value)
+
+    def better(self, a: float, b: float) -> bool:
+        """Whether ``a`` beats ``b``."""
+        return a > b if self.direction == "max" else a < b
+
+    def best_of(self, values: Iterable[float]) -> float | None:
+        items = list(values)
+        if not items:
+            return None
+        return max(items) if self.direction == "max" else min(items)
+
+
+THROUGHPUT = Objective("throughput", "max", "img/s", "throughput_ips", "throughput")
+LATENCY = Objective("latency", "min", "ms p50", "latency_p50_ms", "latency")
+ENERGY = Objective("energy", "min", "J/img", "energy_j_per_image", None)
+OBJECTIVES: dict[str, Objective] = {o.name: o for o in (THROUGHPUT, LATENCY, ENERGY)}
+
+
+@dataclass(frozen=True)
+class ObjectiveSet:
+    """The objectives of one tune (one, or two for a Pareto front) and the run they need."""
+
+    objectives: tuple[Objective, ...]
+
+    @classmethod
+    def parse(cls, given: str | Sequence[str] | ObjectiveSet) -> ObjectiveSet:
+        """``"throughput"``, ``"latency,energy"``...: unknown names list the valid ones."""
+        if isinstance(given, ObjectiveSet):
+            return given
+        names = [n.strip() for n in (given.split(",") if isinstance(given, str) else given) if n.strip()]
+        if not names:
+            raise UserError(f"--objective needs a name; valid: {', '.join(OBJECTIVES)}")
+        for name in names:
+            if name not in OBJECTIVES:
+                raise unknown_name("objective", name, list(OBJECTIVES))
+        if len(set(names)) != len(names) or len(names) > 2:
+            raise UserError(f"--objective takes one or two different objectives, got {','.join(names)}; "
+                            "e.g. throughput,energy")
+        modes = {OBJECTIVES[n].mode for n in names} - {None}
+        if len(modes) > 1:
+            raise UserError("throughput and latency need different runs; pair either with energy instead "
+                            "(throughput,energy or latency,energy)")
+        return cls(tuple(OBJECTIVES[n] for n in names))
+
+    @property
+    def name(self) -> str:
+        return ",".join(o.name for o in self.objectives)
+
+    @property
+    def primary(self) -> Objective:
+        return self.objectives[0]
+
+    @property
+    def mode(self) -> str:
+        """The run every trial makes: latency when an objective needs it, else throughput."""
+        return "latency" if any(o.mode == "latency" for o in self.objectives) else "throughput"
+
+    @property
+    def multi(self) -> bool:
+        return len(self.objectives) > 1
+
+    def values(self, metrics: Mapping[str, float]) -> list[float]:
+        """One number per objective for the searcher; a figure not measured counts as the worst."""
+        out = []
+        for o in self.objectives:
+            value = o.value(metrics)
+            out.append(o.worst if value is None else value)
+        return out
+
+    def dominates(self, a: Sequence[float], b: Sequence[float]) -> bool:
+        """Pareto dominance: ``a`` no worse on every objective and better on one."""
+        no_worse = all(not o.better(y, x) for o, x, y in zip(self.objectives, a, b, strict=True))
+        return no_worse and any(o.better(x, y) for o, x, y in zip(self.objectives, a, b, strict=True))
+
+    def front(self, points: Sequence[Sequence[float]]) -> list[int]:
+        """Indices of the non-dominated points (ties kept)."""
+        return [i for i, p in enumerate(points)
+                if not any(self.dominates(q, p) for j, q in enumerate(points) if j != i)]

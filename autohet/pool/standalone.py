@@ -1,0 +1,55 @@
+"""Standalone throughputs, measured once per executor class and configuration.
+
+Executors of the same kind, core count, GPU, node and parameters (the 15 one-core groups of a
+16-core machine) run at the same speed alone: one measurement, on the first of them, serves all,
+and later runs and trials reuse it. On a GPU machine this turns minutes of measuring slow CPU
+groups one by one into seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from autohet.executors import ExecutorSpec
+
+__all__ = ["StandaloneCache", "executor_class"]
+
+
+def executor_class(spec: ExecutorSpec) -> ExecutorSpec:
+    """The spec with what does not change its standalone speed blanked: its name and which cores
+    (their count stays). Executors with equal classes share one standalone measurement."""
+    return replace(spec, name="", cores=tuple(range(len(spec.cores))))
+
+
+class StandaloneCache:
+    """Standalone throughputs by executor class, configuration and unit cap."""
+
+    def __init__(self) -> None:
+        self.values: dict[tuple[ExecutorSpec, int | None], float] = {}
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def measure(self, pool: Any, seconds: float, max_images: int | None,
+                progress: Callable[[str], None] | None = None) -> list[float]:
+        """The pool's standalone figures, measuring only the first executor of each class not yet known."""
+        keys = [(executor_class(e), max_images) for e in pool.spec.executors]
+        first: dict[tuple, int] = {}
+        for i, key in enumerate(keys):
+            if key not in self.values:
+                first.setdefault(key, i)
+        for n, (key, index) in enumerate(first.items()):
+            if progress is not None:
+                same = sum(1 for k in keys if k == key)
+                progress(f"standalone {n + 1}/{len(first)}: {pool.names[index]}"
+                         + (f" (and {same - 1} like it)" if same > 1 else ""))
+            self.values[key] = pool.standalone_ips(seconds, max_images, indices=[index])[0]
+        return [self.values[key] for key in keys]
+
+    def known(self, spec: ExecutorSpec) -> float | None:
+        """The best figure known for this executor's class and configuration (any unit cap), or None."""
+        cls = executor_class(spec)
+        found = [v for (c, _), v in self.values.items() if c == cls and v > 0]
+        return max(found) if found else None

@@ -1,0 +1,47 @@
+"""What the in-process families share: which pool executors become engine devices, and running
+their job (in this process, or in the engine actor when the pool is on Ray)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autohet.engine import EngineJob, run_job
+from autohet.errors import UserError
+from autohet.params import IntListParam
+
+if TYPE_CHECKING:
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import Pool, PoolSpec
+
+__all__ = ["DEVICES", "chosen_devices", "default_devices", "run_on_engine"]
+
+DEVICES = IntListParam("devices", None, low=0, high=1023,
+                       help="executor indices the model is spread over (default: every GPU executor and the "
+                            "largest CPU group; without a GPU, the two largest CPU groups)")
+
+
+def default_devices(spec: PoolSpec) -> list[int]:
+    """Every GPU executor (partitions included) and the CPU group with most cores; on a CPU-only
+    pool, the two CPU groups with most cores (the engine's numerics need two devices to test)."""
+    gpus = [i for i, e in enumerate(spec.executors) if e.kind == "gpu"]
+    cpus = sorted((i for i, e in enumerate(spec.executors) if e.kind == "cpu"),
+                  key=lambda i: (-len(spec.executors[i].cores), i))
+    return sorted(gpus + cpus[: 1 if gpus else 2])
+
+
+def chosen_devices(pool: Pool, params: dict[str, Any], strategy: str) -> list[ExecutorSpec]:
+    """The executors named by ``devices`` (or the default choice), checked against the pool."""
+    if pool.simulated:
+        raise UserError(f"{strategy} runs the real model on real devices; use a pool without sim executors")
+    indices = params.get("devices") or default_devices(pool.spec)
+    bad = [i for i in indices if not 0 <= i < len(pool)]
+    if bad:
+        raise UserError(f"{strategy}: devices names executor {bad[0]}; the pool has {len(pool)} "
+                        f"({', '.join(f'{k} {n}' for k, n in enumerate(pool.names))})")
+    if len(set(indices)) != len(indices):
+        raise UserError(f"{strategy}: devices lists an executor twice: {indices}")
+    return [pool.spec.executors[i] for i in indices]
+
+
+def run_on_engine(pool: Pool, job: EngineJob, specs: list[ExecutorSpec]) -> dict[str, Any]:
+    return run_job(job, specs, on_ray=pool.on_ray)

@@ -1,0 +1,23 @@
+"""MLflow: one parent run per tune, one nested run per trial; reading tunes back and exporting configs."""
+
+from __future__ import annotations
+
+from autohet.tracking._export import TuneOutcome, export_run, record_outcome
+from autohet.tracking._logger import TrialLogger
+from autohet.tracking._status import FINISHED, STATUSES
+from autohet.tracking._store import (
+    artifact_location,
+    default_tracking_uri,
+    ensure_experiment,
+    experiment_runs,
+    mlflow_client,
+    trial_runs,
+    tune_objective,
+)
+from autohet.tracking._summary import front, run_status, summarize
+
+__all__ = [
+    "FINISHED", "STATUSES", "TrialLogger", "TuneOutcome", "artifact_location", "default_tracking_uri",
+    "ensure_experiment", "experiment_runs", "export_run", "front", "mlflow_client", "record_outcome", "run_status",
+    "summarize", "trial_runs", "tune_objective",
+]

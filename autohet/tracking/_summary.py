@@ -1,0 +1,59 @@
+"""Reading a tune back: the best valid trial per strategy, status counts, the Pareto front."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autohet.objectives import ObjectiveSet
+from autohet.tracking._status import STATUSES
+
+__all__ = ["front", "run_status", "summarize"]
+
+
+def run_status(run: Any) -> str:
+    """A trial run's status (older runs without the tag: from their valid tag)."""
+    status = run.data.tags.get("status")
+    if status in STATUSES:
+        return status
+    return "ok" if run.data.tags.get("valid") == "true" else "invalid"
+
+
+def summarize(runs: list[Any], objectives: ObjectiveSet | str) -> list[dict[str, Any]]:
+    """Per strategy: trials by status and the best ``ok`` trial by the first objective; best first."""
+    objectives = ObjectiveSet.parse(objectives)
+    primary = objectives.primary
+    rows: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        strategy = run.data.tags.get("strategy", "?")
+        row = rows.setdefault(strategy, {"strategy": strategy, "trials": 0, **dict.fromkeys(STATUSES, 0),
+                                         "best": None, "run_id": None, "efficiency": None})
+        status = run_status(run)
+        row[status] += 1
+        if status == "killed":
+            continue
+        row["trials"] += 1
+        if status != "ok":
+            continue
+        value = primary.value(run.data.metrics)
+        if value is None:
+            continue
+        if row["best"] is None or primary.better(value, row["best"]):
+            row.update(best=value, run_id=run.info.run_id, efficiency=run.data.metrics.get("efficiency"),
+                       params={k: v for k, v in run.data.params.items() if k.startswith(strategy + ".")})
+    out = list(rows.values())
+    sign = -1 if primary.direction == "max" else 1
+    out.sort(key=lambda r: (r["best"] is None, sign * (r["best"] or 0)))
+    return out
+
+
+def front(runs: list[Any], objectives: ObjectiveSet) -> list[Any]:
+    """The ``ok`` trials no other ``ok`` trial dominates on every objective (all measured)."""
+    scored = []
+    for run in runs:
+        if run_status(run) != "ok":
+            continue
+        values = [o.value(run.data.metrics) for o in objectives.objectives]
+        if all(v is not None for v in values):
+            scored.append((run, values))
+    keep = objectives.front([v for _, v in scored])
+    return [scored[i][0] for i in keep]

@@ -1,0 +1,69 @@
+"""The tune's first points: the best single executor is found before any mixed configuration.
+
+Single on the first executor of each kind and size (a GPU at each of its batch and backend
+choices: the figure every mixed configuration must beat, so the result is never below the best
+single executor measured), then every strategy at the defaults that suit the pool.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autohet.pool import PoolSpec
+from autohet.pool.spec import GPU_BOX_GROUP
+from autohet.strategies import get_strategy
+from autohet.tuning.dims import SpaceContext
+from autohet.tuning.space import SearchSpace
+
+__all__ = ["initial_points"]
+
+
+def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for kind in sorted({e.kind for e in pool.executors}):
+        first = next(e for e in pool.executors if e.kind == kind)
+        for name, dim in space.executors.get(kind, {}).items():
+            value = first.executor_params().get(name)
+            if value is None and name == "sms":
+                value = 0
+            if dim.contains(value):
+                out[f"exec.{kind}.{name}"] = value
+    if pool.auto:
+        for name, dim in space.pool.items():
+            value = pool.auto.get(name)
+            if name == "cpu_group_size" and value in (None, "auto"):  # what auto chose for this pool
+                value = GPU_BOX_GROUP if any(e.kind == "gpu" for e in pool.executors) else 1
+            if dim.contains(value):
+                out[f"pool.{name}"] = value
+    return out
+
+
+def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None) -> list[dict[str, Any]]:
+    """Single per executor kind and size (GPUs at each batch and backend choice), then every strategy
+    at its pool-suited defaults (values outside the space are left to the sampler)."""
+    defaults = _exec_defaults(space, pool)
+    points: list[dict[str, Any]] = []
+    seen: set[tuple[str, int]] = set()
+    for i, e in enumerate(pool.executors):
+        if (e.kind, e.threads) in seen:
+            continue
+        seen.add((e.kind, e.threads))
+        base = {"strategy": "single", "single.executor": i, **defaults}
+        points.append(base)
+        if e.kind != "gpu":
+            continue
+        for name in ("batch", "backend"):  # one at a time from the defaults: a handful of points, not a grid
+            dim = space.executors.get("gpu", {}).get(name)
+            values = (dim.values() if dim is not None else None) or []
+            points += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
+    for name, dims in space.strategies.items():
+        if name == "single":
+            continue
+        strategy = get_strategy(name)
+        values = strategy.validate(strategy.defaults_for(pool, {}))
+        point = {"strategy": name, **defaults}
+        point.update({f"{name}.{p}": values[p] for p, dim in dims.items()
+                      if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
+        points.append(point)
+    return points
+

@@ -1,0 +1,59 @@
+"""The tune's live line on stderr and the end-of-tune account of where its wall time went."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from autohet.objectives import ObjectiveSet
+from autohet.tracking import STATUSES
+
+__all__ = ["Progress"]
+
+
+class Progress:
+    """Trials done / budget, elapsed, the best so far and the last trial's status."""
+
+    def __init__(self, budget: int, objectives: ObjectiveSet, done_before: int) -> None:
+        self.budget, self.objectives = budget, objectives
+        self.done = done_before
+        self.start = time.time()
+        self.best: tuple[float, str] | None = None
+        self.tty = sys.stderr.isatty()
+        self.seconds: dict[str, float] = {}  # summed trial phases (time.*) and MLflow logging
+        self.statuses: dict[str, int] = dict.fromkeys(STATUSES, 0)
+
+    def update(self, result: dict[str, Any], logging_s: float = 0.0) -> None:
+        status = result.get("status", "error")
+        self.statuses[status] = self.statuses.get(status, 0) + 1
+        if status != "killed":
+            self.done += 1
+        for key, value in result.items():
+            if key.startswith("time.") and isinstance(value, int | float):
+                self.seconds[key[5:]] = self.seconds.get(key[5:], 0.0) + float(value)
+        self.seconds["mlflow_log_s"] = self.seconds.get("mlflow_log_s", 0.0) + logging_s
+        primary = self.objectives.primary
+        value = primary.value(result) if status == "ok" else None
+        if value is not None and (self.best is None or primary.better(value, self.best[0])):
+            self.best = (value, result.get("strategy", "?"))
+        best = f"best {self.best[0]:.4g} {primary.unit} ({self.best[1]})" if self.best else "no valid trial yet"
+        elapsed = time.strftime("%H:%M:%S", time.gmtime(time.time() - self.start))
+        line = f"[{self.done:>3}/{self.budget}] {elapsed}  {best}  last: {result.get('strategy', '?')} ({status})"
+        print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
+              flush=True)
+
+    def breakdown(self, manager_stats: dict[str, int]) -> str:
+        """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,
+        set-up, export); trials by status; how often executors were started."""
+        wall = time.time() - self.start
+        parts = [f"{name.removesuffix('_s')} {secs:.0f} s" for name, secs in self.seconds.items() if name != "trial_s"]
+        rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)
+        acquire = self.seconds.get("acquire_s", 0.0)
+        statuses = ", ".join(f"{n} {s}" for s, n in self.statuses.items() if n)
+        return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s "
+                f"(acquiring executors {100 * acquire / wall if wall > 0 else 0:.0f}% of the wall time); trials: "
+                f"{statuses or 'none'}; {manager_stats.get('topologies_started', 0)} executor topologies started "
+                f"({manager_stats.get('actors_adopted', 0)} actors reused from earlier ones, "
+                f"{manager_stats.get('actors_replaced', 0)} replaced after cuts), "
+                f"{manager_stats.get('standalone_measured', 0)} standalone measurements")
