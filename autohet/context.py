@@ -128,3 +128,19 @@ class RunContext:
                         "mean": float(np.mean(times_s)) * 1e3, "runs": runs},
             extra={"pool": pool.spec.to_dict()},
         )
+
+    def stream_measurement(self, pool: Pool, strategy: str, params: dict[str, Any], wall_s: float,
+                           outputs: np.ndarray, limit_ips: float | None, executors: list[ExecutorReport],
+                           precision: str) -> Measurement:
+        """An in-process throughput run's Measurement (every image through one program, in order):
+        throughput against ``limit_ips`` (the strategy's measured bound), outputs checked."""
+        images = self.workload.images
+        ok, diff, tol, problems = self.check(outputs, np.ones(images, dtype=np.int32), precision, pool.simulated)
+        throughput = images / wall_s if wall_s > 0 else 0.0
+        return Measurement(
+            model=self.model.name, strategy=strategy, params=params, images=images, wall_s=wall_s,
+            throughput_ips=throughput, limit_ips=limit_ips,
+            efficiency=throughput / limit_ips if limit_ips else None, output_ok=ok, max_abs_diff=diff,
+            tolerance=tol, executors=executors, failures=problems, simulated=pool.simulated,
+            extra={"pool": pool.spec.to_dict()},
+        )

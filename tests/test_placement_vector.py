@@ -16,7 +16,13 @@ from autohet.pool import PoolSpec
 from autohet.strategies.placement import check_vector
 from autohet.tuning.initial import initial_points
 from autohet.tuning.space import DefineByRun, SearchSpace, SpaceContext, load_search_space
-from autohet.tuning.tuner import block_count, space_context
+from autohet.tuning.tuner import space_context, strategy_sizes
+
+
+def block_count(model: ModelSpec) -> int:
+    from autohet.partition import partition
+
+    return len(partition(model.name, batch=1, seed=model.seed).blocks)
 
 DEVS = ["cpu", "gpu"]
 CPU_GPU = SpaceContext({"executors": 2, "blocks": 5, "devices": 2}, frozenset({"cpu", "gpu"}))
@@ -160,31 +166,26 @@ def test_block_devices_is_only_for_strategies(tmp_path) -> None:
 
 
 def test_space_context_partitions_only_when_a_vector_can_be_searched(monkeypatch) -> None:
+    import autohet.partition as partition_mod
     import autohet.tuning.tuner as tuner
 
     space = load_search_space("search_spaces")
     one = PoolSpec("cpu", [ExecutorSpec("cpu01", "cpu", cores=(0, 1))])
     mixed = PoolSpec("mixed", [ExecutorSpec("cpu0", "cpu", cores=(0,)), ExecutorSpec("gpu0", "gpu", gpu=0)])
-    monkeypatch.setattr(tuner, "block_count", lambda model: pytest.fail("no partition for a one-device pool"))
-    assert space_context(space, one, ModelSpec("lenet"), False) == SpaceContext(
-        {"executors": 1, "devices": 1}, frozenset({"cpu"}), False)
-    monkeypatch.setattr(tuner, "block_count", lambda model: 7)
+    tuner._SIZES.clear()
+    monkeypatch.setattr(partition_mod, "partition", lambda *a, **k: pytest.fail("no partition for one device"))
+    ctx_one = space_context(space, one, ModelSpec("lenet"), False)
+    assert ctx_one.size("blocks") == 0 and ctx_one.size("devices") == 1 and ctx_one.kinds == frozenset({"cpu"})
+    monkeypatch.undo()
     ctx = space_context(space, mixed, ModelSpec("lenet"), False)
-    assert (ctx.size("blocks"), ctx.size("devices"), ctx.kinds) == (7, 2, frozenset({"cpu", "gpu"}))
+    n = block_count(ModelSpec("lenet"))
+    assert (ctx.size("blocks"), ctx.size("devices"), ctx.kinds) == (n, 2, frozenset({"cpu", "gpu"}))
+    assert strategy_sizes("placement", ModelSpec("lenet"), mixed) == {"blocks": n}  # cached per model and pool
     define = pickle.loads(pickle.dumps(DefineByRun(space, ctx)))  # Tune checkpoints the searcher
     assert define.ctx == ctx
     points = initial_points(space, mixed)
     placement = next(p for p in points if p["strategy"] == "placement")
     assert placement["placement.start"] == "greedy" and not any("assignment" in k for k in placement)
-
-
-def test_block_count_is_the_real_partition_and_cached() -> None:
-    from autohet.partition import partition
-
-    block_count.cache_clear()
-    n = block_count(ModelSpec("lenet"))
-    assert n == len(partition("lenet", batch=1).blocks) and n > 1
-    assert block_count(ModelSpec("lenet")) == n and block_count.cache_info().hits == 1
 
 
 # --- the strategy, in-process on this machine's CPU --------------------------------------------------

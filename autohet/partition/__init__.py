@@ -15,7 +15,7 @@ from autohet.partition._build import build_blocks
 from autohet.partition._graph import Block, BlockGraph, format_count
 from autohet.partition._trace import trace
 
-__all__ = ["Block", "BlockGraph", "format_count", "partition"]
+__all__ = ["Block", "BlockGraph", "format_count", "partition", "trace"]
 
 
 def partition(model: str | nn.Module, batch: int = 1, *, seed: int = 0, branches: bool = False,

@@ -10,6 +10,7 @@ from autohet.params import Param, validate_params
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.measurement import Measurement
+    from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
 
 __all__ = ["Strategy"]
@@ -42,6 +43,11 @@ class Strategy(ABC):
         """Optional hook: parameter values that suit this pool better than the declared defaults
         (e.g. chunk sizes in batches where devices differ 1000x in speed). They apply as one set,
         only when the user gives none of their keys, so a size the user sets keeps its unit."""
+        return {}
+
+    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+        """Optional hook: lengths of this strategy's searchable vectors for ``model`` on this pool,
+        by the names its space dims give as ``size`` (e.g. ``blocks``: one device per block)."""
         return {}
 
     def defaults_for(self, spec: PoolSpec, given: dict[str, Any]) -> dict[str, Any]:

@@ -171,6 +171,14 @@ class PlacementStrategy(Strategy):
         "devices": DEVICES,
     }
 
+    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+        """``blocks``: the batch-1 partition's length (only when there are two devices to place on)."""
+        if len(default_devices(spec)) < 2:
+            return {}
+        from autohet.partition import partition
+
+        return {"blocks": len(partition(model.name, batch=1, seed=model.seed).blocks)}
+
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         specs = chosen_devices(pool, params, self.name)
         check_vector(params, [s.name for s in specs])

@@ -9,7 +9,6 @@ runs the budget that remains.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -29,26 +28,33 @@ from autohet.tuning.dims import SpaceContext
 from autohet.tuning.settings import TuneSettings
 from autohet.tuning.space import DefineByRun, SearchSpace, load_search_space
 
-__all__ = ["block_count", "space_context", "tune_model"]
+__all__ = ["space_context", "strategy_sizes", "tune_model"]
 
 
-@functools.lru_cache(maxsize=8)
-def block_count(model: ModelSpec) -> int:
-    """Blocks of ``partition(model, batch=1)``: the length of a placement vector (seconds for vgg16, so cached)."""
-    from autohet.partition import partition
+_SIZES: dict[tuple, dict[str, int]] = {}
 
-    return len(partition(model.name, batch=1, seed=model.seed).blocks)
+
+def strategy_sizes(strategy: str, model: ModelSpec, pool: PoolSpec) -> dict[str, int]:
+    """A strategy's vector lengths for this model and pool (partitioning takes seconds: cached)."""
+    from autohet.strategies import get_strategy
+
+    key = (strategy, model, tuple(pool.executors))
+    if key not in _SIZES:
+        _SIZES[key] = get_strategy(strategy).space_sizes(model, pool)
+    return _SIZES[key]
 
 
 def space_context(space: SearchSpace, pool: PoolSpec, model: ModelSpec, pool_dims: bool) -> SpaceContext:
-    """Sizes of the space's vectors; partitions the model only when a block vector can be searched."""
+    """Sizes of the space's vectors: the pool's executors and in-process devices, and what each
+    strategy of the space declares (``Strategy.space_sizes``; only for the vectors the space searches)."""
     from autohet.strategies._inprocess import default_devices
 
     kinds = frozenset(e.kind for e in pool.executors)
-    needed = space.vector_sizes()
     sizes = {"executors": _max_pool_size(pool, space, pool_dims), "devices": len(default_devices(pool))}
-    if "blocks" in needed and sizes["devices"] > 1:
-        sizes["blocks"] = block_count(model)
+    needed = space.vector_sizes() - set(sizes)
+    if needed:
+        for name in space.strategies:
+            sizes.update((k, v) for k, v in strategy_sizes(name, model, pool).items() if k in needed)
     return SpaceContext(sizes, kinds, pool_dims)
 
 
