@@ -50,6 +50,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # ours ends the whole command in one line
+    # compiled artefacts shared by every executor process, trial and later run (inherited by Ray's workers)
+    cache = os.environ.setdefault("AUTOHET_COMPILE_CACHE", str(Path("runs").resolve() / "compile_cache"))
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(cache, "inductor"))
+    os.environ.setdefault("TRITON_CACHE_DIR", os.path.join(cache, "triton"))
     temp_dir = ray_temp_dir()
     import ray
 

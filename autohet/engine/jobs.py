@@ -32,15 +32,12 @@ class EngineJob(ABC):
 def _partition_streams(specs: Sequence[ExecutorSpec]) -> dict[str, Any]:
     """Executor name -> stream factory for GPU executors with ``sms`` (one disjoint split per GPU)."""
     from autohet.executors.green import sm_partitions
+    from autohet.pool.spec import PoolSpec
 
-    by_gpu: dict[int, list[ExecutorSpec]] = {}
-    for spec in specs:
-        if spec.kind == "gpu" and spec.sms:
-            by_gpu.setdefault(spec.gpu or 0, []).append(spec)
     out = {}
-    for gpu, members in by_gpu.items():
-        parts = sm_partitions(gpu, [m.sms for m in members])
-        for member, part in zip(members, parts, strict=True):
+    for members in PoolSpec("engine", list(specs)).partition_groups():
+        group = [specs[i] for i in members]
+        for member, part in zip(group, sm_partitions(group[0].gpu or 0, [m.sms for m in group]), strict=True):
             out[member.name] = (lambda p=part: p.stream)
     return out
 

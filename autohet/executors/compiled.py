@@ -21,7 +21,7 @@ import torch
 from autohet.errors import UserError
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "cpu_flags", "graph_call",
-           "native_cpu_bf16", "use_compile_cache"]
+           "native_cpu_bf16", "unsupported", "use_compile_cache"]
 
 
 def compile_cache_dir() -> Path:
@@ -49,10 +49,26 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def _cxx() -> bool:
+    return bool(shutil.which("g++") or shutil.which("c++"))
+
+
 def native_cpu_bf16() -> bool:
     """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); without it PyTorch converts,
     correct but slower than fp32, so a tune leaves CPU bf16 out of its space."""
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+
+
+def unsupported(kind: str, param: str, value: object) -> str | None:
+    """Why this machine should not search ``param = value`` for executors of ``kind`` (None: fine)."""
+    if kind == "cpu" and param == "precision" and value == "bf16" and not native_cpu_bf16():
+        return "no AVX512-BF16/AMX on this CPU (bf16 would be emulated, slower than fp32)"
+    if kind == "cpu" and param == "backend" and value == "inductor" and not _cxx():
+        return "no C++ compiler for inductor on the CPU"
+    if kind == "gpu" and param == "precision" and value == "bf16" and torch.cuda.is_available() \
+            and not torch.cuda.is_bf16_supported():
+        return "this GPU has no bf16"
+    return None
 
 
 def check_backend(kind: str, backend: str, precision: str, name: str) -> None:
@@ -62,7 +78,7 @@ def check_backend(kind: str, backend: str, precision: str, name: str) -> None:
             raise UserError(f"executor {name}: cudagraphs is a GPU backend; a CPU group runs eager or inductor")
         if precision == "fp16":
             raise UserError(f"executor {name}: a CPU runs fp32 or bf16; set precision: fp32 or bf16")
-        if backend == "inductor" and not (shutil.which("g++") or shutil.which("c++")):
+        if backend == "inductor" and not _cxx():
             raise UserError(f"executor {name}: inductor on a CPU needs a C++ compiler (g++) on PATH; install one "
                             "or set backend: eager")
     if kind == "gpu" and precision == "bf16" and not torch.cuda.is_bf16_supported():

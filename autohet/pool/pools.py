@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -81,6 +80,12 @@ class LocalPool(Pool):
             return 0.0
         self.shutdown()
         self.executors = [make_executor(s, model) for s in self.spec.executors]
+        for members in self.spec.partition_groups():  # partitions of one GPU: disjoint SMs of this process
+            from autohet.executors.green import sm_partitions
+
+            specs = [self.spec.executors[i] for i in members]
+            for i, part in zip(members, sm_partitions(specs[0].gpu or 0, [e.sms for e in specs]), strict=True):
+                self.executors[i].stream_override = part.stream
         self.workers = [Worker(s.name) for s in self.spec.executors]
         loads = [w.submit(lambda ex=ex: ex.load(workload)) for w, ex in zip(self.workers, self.executors, strict=True)]
         for future in loads:
@@ -173,8 +178,21 @@ class RayPool(Pool):
         self.shutdown()
         adopt = adopt or {}
         self.workload_ref = ray.put(workload)
-        self.actors = [adopt.get(identity(spec)) or self._new_actor(spec, model, "") for spec in self.spec.executors]
-        fresh = [a for a, spec in zip(self.actors, self.spec.executors, strict=True) if identity(spec) not in adopt]
+        self.actors = [None] * len(self.spec.executors)
+        fresh: list[Any] = []
+        for members in self.spec.partition_groups():  # partitions of one GPU: one process, adopted as a whole
+            handles = [adopt.get(identity(self.spec.executors[i])) for i in members]
+            if any(h is None for h in handles) or len({id(getattr(h, "actor", h)) for h in handles}) != 1:
+                handles = self._new_group([self.spec.executors[i] for i in members], model)
+                fresh += handles
+            for i, handle in zip(members, handles, strict=True):
+                self.actors[i] = handle
+        for i, spec in enumerate(self.spec.executors):
+            if self.actors[i] is None:
+                self.actors[i] = adopt.get(identity(spec))
+                if self.actors[i] is None:
+                    self.actors[i] = self._new_actor(spec, model, "")
+                    fresh.append(self.actors[i])
         with user_errors():
             described = ray.get([a.load.remote(self.workload_ref) for a in fresh])
         self.adopted = len(self.actors) - len(fresh)
@@ -190,6 +208,17 @@ class RayPool(Pool):
         name = f"{self.name_prefix}-{spec.name}{suffix}" if self.name_prefix else None
         opts = actor_options(spec, name, self.reserve_cpus)
         return ray.remote(ExecutorActor).options(**opts).remote(spec, model)
+
+    def _new_group(self, specs: list[ExecutorSpec], model: ModelSpec) -> list[Any]:
+        """One actor for the partitions of one GPU; a handle per member."""
+        import ray
+
+        from autohet.pool.ray_pool import ExecutorGroupActor, MemberHandle, group_options
+
+        name = f"{self.name_prefix}-{specs[0].name}-group" if self.name_prefix else None
+        actor = ray.remote(ExecutorGroupActor).options(**group_options(specs, name, self.reserve_cpus)).remote(
+            specs, model)
+        return [MemberHandle(actor, k) for k in range(len(specs))]
 
     def dispatcher(self) -> Dispatcher:
         from autohet.pool.ray_pool import RayDispatcher
@@ -225,34 +254,39 @@ class RayPool(Pool):
 
     def replace(self, indices: list[int]) -> None:
         """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh
-        ones with the same spec, workload and params."""
+        ones with the same spec, workload and params (a partition's whole group)."""
         import ray
 
+        from autohet.pool.ray_pool import kill_actor
+
         self.replaced = getattr(self, "replaced", 0) + 1
-        fresh = {}
+        groups = {i: g for g in self.spec.partition_groups() for i in g}
+        indices = sorted({j for i in indices for j in groups.get(i, [i])})
         for i in indices:
-            with contextlib.suppress(Exception):  # already dead
-                ray.kill(self.actors[i], no_restart=True)
-            fresh[i] = self._new_actor(self.spec.executors[i], self.started_for[0], f"-r{self.replaced}")
+            kill_actor(self.actors[i])
+        fresh: dict[int, Any] = {}
+        for members in {tuple(groups[i]) for i in indices if i in groups}:
+            fresh.update(zip(members, self._new_group([self.spec.executors[i] for i in members],
+                                                      self.started_for[0]), strict=True))
+        for i in indices:
+            if i not in fresh:
+                fresh[i] = self._new_actor(self.spec.executors[i], self.started_for[0], f"-r{self.replaced}")
         ray.get([fresh[i].load.remote(self.workload_ref) for i in fresh])
         for i, actor in fresh.items():
             self.actors[i] = actor
 
     def kill(self, index: int) -> None:
         """Kills one executor's actor (fault tests and operators' drills)."""
-        import ray
+        from autohet.pool.ray_pool import kill_actor
 
-        ray.kill(self.actors[index], no_restart=True)
+        kill_actor(self.actors[index])
 
     def shutdown(self) -> None:
-        import ray
+        from autohet.pool.ray_pool import kill_actor
 
         if not self.owned:
             return
         for actor in self.actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # already dead
-                continue
+            kill_actor(actor)
         self.actors = []
         self.started_for = None

@@ -15,7 +15,8 @@ from autohet.pool.dispatch import Completion, Dispatcher, Ready
 from autohet.pool.spec import PoolSpec
 from autohet.workload import Workload
 
-__all__ = ["ExecutorActor", "RayDispatcher", "actor_options", "user_errors"]
+__all__ = ["ExecutorActor", "ExecutorGroupActor", "MemberHandle", "RayDispatcher", "actor_options", "group_options",
+           "kill_actor", "user_errors"]
 
 
 @contextlib.contextmanager
@@ -62,6 +63,78 @@ class ExecutorActor:
         return ray.get_runtime_context().get_node_id()
 
 
+class ExecutorGroupActor:
+    """Several executors in one process, each method taking the member's index first: the green-context
+    partitions of one GPU (kernels of different processes time-slice a GPU; partitions of one process
+    run side by side on their own SMs). Threaded (one call per member at once); forwards only."""
+
+    def __init__(self, specs: list[ExecutorSpec], model: ModelSpec) -> None:
+        from autohet.executors.gpu import local_gpu_index
+        from autohet.executors.green import sm_partitions
+
+        self.executors = [make_executor(s, model) for s in specs]
+        parts = sm_partitions(local_gpu_index(specs[0].gpu or 0), [s.sms for s in specs])
+        for executor, part in zip(self.executors, parts, strict=True):
+            executor.stream_override = part.stream
+        self.sms = [p.sms for p in parts]  # what the driver actually gave (rounded up to its granularity)
+
+    def load(self, member: int, workload: Workload) -> dict[str, Any]:
+        self.executors[member].load(workload)
+        return {**self.executors[member].describe(), "sms_granted": self.sms[member]}
+
+    def configure(self, member: int, params: dict[str, Any]) -> dict[str, Any]:
+        self.executors[member].configure(params)
+        return self.executors[member].describe()
+
+    def run(self, member: int, start: int, size: int, following: tuple[int, int] | None = None
+            ) -> tuple[Any, float]:
+        result = self.executors[member].run_ahead(start, size, following)
+        return result.outputs, result.compute_s
+
+    def standalone_ips(self, member: int, min_seconds: float, max_images: int | None = None) -> float:
+        return self.executors[member].standalone_ips(min_seconds, max_images)
+
+    def ping(self, member: int) -> str:
+        return self.executors[member].ping()
+
+
+class _BoundMethod:
+    def __init__(self, actor: Any, name: str, member: int) -> None:
+        self.actor, self.name, self.member = actor, name, member
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.actor, self.name).remote(self.member, *args, **kwargs)
+
+
+class MemberHandle:
+    """One member of a group actor, used like an executor actor's handle (``h.run.remote(...)``)."""
+
+    def __init__(self, actor: Any, member: int) -> None:
+        self.actor, self.member = actor, member
+
+    def __getattr__(self, name: str) -> _BoundMethod:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _BoundMethod(self.actor, name, self.member)
+
+
+def kill_actor(handle: Any) -> None:
+    """Ends an executor's actor (a member's whole group), if it still runs."""
+    import ray
+
+    try:
+        ray.kill(getattr(handle, "actor", handle), no_restart=True)
+    except Exception:  # already dead
+        return
+
+
+def group_options(specs: list[ExecutorSpec], name: str | None, reserve_cpus: bool) -> dict[str, Any]:
+    opts = actor_options(specs[0], name, reserve_cpus)
+    opts.update(num_cpus=sum(len(s.cores) for s in specs) if reserve_cpus else 0, num_gpus=1,
+                max_concurrency=len(specs))
+    return opts
+
+
 def _node_id(node: str) -> str:
     import ray
 
@@ -96,7 +169,8 @@ def check_cluster_resources(spec: PoolSpec) -> None:
     import ray
 
     total = ray.cluster_resources()
-    gpus = sum(1 for e in spec.executors if e.kind == "gpu" or e.needs_gpu)
+    shared = sum(len(g) - 1 for g in spec.partition_groups())  # partitions of one GPU share it
+    gpus = sum(1 for e in spec.executors if e.kind == "gpu" or e.needs_gpu) - shared
     if gpus > total.get("GPU", 0):
         raise UserError(f"pool {spec.source} needs {gpus} GPUs but the Ray cluster has "
                         f"{int(total.get('GPU', 0))}; use a CPU pool such as actors/cpu2.yaml")

@@ -27,13 +27,14 @@ from autohet.executors.kinds import EXECUTOR_KINDS
 from autohet.params import validate_params
 from autohet.yaml_files import read_yaml_mapping
 
-__all__ = ["GPU_BOX_GROUP", "POOL_VERSION", "PoolSpec", "detect_executors", "load_pool"]
+__all__ = ["GPU_BOX_GROUP", "POOL_DIMS", "POOL_VERSION", "PoolSpec", "detect_executors", "load_pool"]
 
 POOL_VERSION = 1
 GPU_BOX_GROUP = 4  # cores per CPU group that auto makes next to a GPU
 _EXECUTOR_KEYS = {"name", "kind", "cores", "gpu", "node", "speed_ips", "overhead_s", "needs_gpu",
                   "die_after_units"} | set(EXECUTOR_PARAMS)
-_AUTO_KEYS = {"cpu_group_size", "reserve_core_per_gpu", "cpu", "gpu", "max_cpu_groups"}
+_AUTO_KEYS = {"cpu_group_size", "reserve_core_per_gpu", "cpu", "gpu", "max_cpu_groups", "gpu_partitions"}
+POOL_DIMS = ("cpu_group_size", "max_cpu_groups", "gpu_partitions")  # auto settings a tune may search
 
 
 @dataclass
@@ -52,6 +53,15 @@ class PoolSpec:
     @property
     def gpus_needed(self) -> int:
         return sum(1 for e in self.executors if e.kind == "gpu")
+
+    def partition_groups(self) -> list[list[int]]:
+        """Executor indices that must share a process: the green-context partitions (``sms``) of one
+        GPU of one node (kernels of different processes time-slice a GPU instead of sharing it)."""
+        groups: dict[tuple, list[int]] = {}
+        for i, e in enumerate(self.executors):
+            if e.kind == "gpu" and e.sms:
+                groups.setdefault((e.node, e.gpu), []).append(i)
+        return list(groups.values())
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": POOL_VERSION, "name": self.name, "source": self.source,
@@ -105,9 +115,10 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
                         extra=extra, **params)
 
 
-def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any],
-                     node: str | None = None, prefix: str = "") -> list[ExecutorSpec]:
-    """One executor per GPU (with a feeding core), the rest of the cores in CPU groups."""
+def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node: str | None = None,
+                     prefix: str = "", sm_counts: list[int] | None = None) -> list[ExecutorSpec]:
+    """One executor per GPU (with a feeding core), or ``gpu_partitions`` executors per GPU on disjoint
+    equal shares of its SMs (``sm_counts``: each GPU's SMs); the rest of the cores in CPU groups."""
     group = settings.get("cpu_group_size", "auto")
     if group == "auto":
         group = GPU_BOX_GROUP if gpus else 1
@@ -116,10 +127,19 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any],
     free = list(cores)
     gpu_params = validate_params("auto: gpu", EXECUTOR_PARAMS, settings.get("gpu") or {})
     cpu_params = validate_params("auto: cpu", EXECUTOR_PARAMS, settings.get("cpu") or {})
+    parts = settings.get("gpu_partitions", 1)
+    if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
+        raise UserError(f"gpu_partitions must be a whole number >= 1, got {parts!r}")
+    if parts > 1 and gpus and (not sm_counts or len(sm_counts) < gpus):
+        raise UserError("gpu_partitions needs each GPU's SM count (local GPUs only); set gpu_partitions: 1 on a "
+                        "cluster, or list partitions with sms: in a pool file")
     out: list[ExecutorSpec] = []
     for g in range(gpus):
-        feed = (free.pop(0),) if settings.get("reserve_core_per_gpu", True) and len(free) > 1 else ()
-        out.append(ExecutorSpec(f"{prefix}gpu{g}", "gpu", feed, g, node=node, **gpu_params))
+        for k in range(parts):
+            feed = (free.pop(0),) if settings.get("reserve_core_per_gpu", True) and len(free) > 1 else ()
+            name = f"{prefix}gpu{g}" + (f"p{k}" if parts > 1 else "")
+            params = {**gpu_params, "sms": sm_counts[g] // parts if parts > 1 else gpu_params.get("sms")}
+            out.append(ExecutorSpec(name, "gpu", feed, g, node=node, **params))
     limit = settings.get("max_cpu_groups")
     for k, first in enumerate(range(0, len(free), group)):
         if limit is not None and k >= int(limit):
@@ -133,6 +153,12 @@ def _local_gpus() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _local_sm_counts() -> list[int]:
+    import torch
+
+    return [torch.cuda.get_device_properties(i).multi_processor_count for i in range(_local_gpus())]
 
 
 def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) -> PoolSpec:
@@ -167,7 +193,9 @@ def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) ->
             raise UserError(f"{where}: auto has no setting {bad[0]!r}; valid: {', '.join(sorted(_AUTO_KEYS))}")
         cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(
             range(os.cpu_count() or 1))
-        execs = detect_executors(cores, _local_gpus(), settings)
+        parts = settings.get("gpu_partitions", 1)
+        execs = detect_executors(cores, _local_gpus(), settings,
+                                 sm_counts=_local_sm_counts() if parts not in (None, 1) else None)
         return PoolSpec(raw.get("name", name), execs, where, auto=settings)
     items = raw["executors"]
     if not isinstance(items, list) or not items:

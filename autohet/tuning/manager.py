@@ -12,22 +12,22 @@ Standalone throughputs (the limit) are measured once per executor class and conf
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 from typing import Any
 
 from autohet.models import ModelSpec
 from autohet.pool import PoolSpec, RayPool, StandaloneCache, identity, load_pool
+from autohet.pool.spec import POOL_DIMS
 from autohet.workload import Workload, WorkloadSpec
 
 __all__ = ["PoolManager", "regroup"]
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
-    """The auto pool re-detected with the trial's pool dims (cpu_group_size, max_cpu_groups);
+    """The auto pool re-detected with the trial's pool dims (cpu_group_size, max_cpu_groups, gpu_partitions);
     explicit pools stay as they are."""
-    overrides = {k: int(v) for k, v in pool_params.items() if k in ("cpu_group_size", "max_cpu_groups")
+    overrides = {k: int(v) for k, v in pool_params.items() if k in POOL_DIMS
                  and v is not None}
     if not base.auto or not overrides or base.source.startswith("auto on"):
         return base
@@ -103,6 +103,10 @@ class PoolManager:
             actor = self.live.pop(identity(self.pool.spec.executors[i]), None)
             if actor is not None:
                 self.kill(actor)
+                group = getattr(actor, "actor", None)  # a partition's group actor: its other members died too
+                if group is not None:
+                    for ident in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
+                        self.live.pop(ident)
         self.actors_replaced += len(indices)
         self.pool, self.key = None, None
 
@@ -144,7 +148,6 @@ class PoolManager:
 
 
 def _kill_actor(actor: Any) -> None:
-    import ray
+    from autohet.pool.ray_pool import kill_actor
 
-    with contextlib.suppress(Exception):  # already dead
-        ray.kill(actor)
+    kill_actor(actor)

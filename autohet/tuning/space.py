@@ -9,7 +9,8 @@ A family file::
         r: {type: float, low: 0.1, high: 1.0}
 
 ``executors.yaml`` gives the executor parameters every trial may vary, per executor kind, and
-pool-level dimensions (``cpu_group_size``, ``max_cpu_groups``: used when the pool is ``auto``).
+pool-level dimensions (``cpu_group_size``, ``max_cpu_groups``, ``gpu_partitions``: used when the pool is
+``auto``).
 Dimension types are the classes of ``autohet.tuning.dims`` (int, float, categorical, pool_index,
 weights, float_vector, index_vector, block_devices). Optuna names are ``<strategy>.<param>``,
 ``exec.<kind>.<param>`` and ``pool.<name>``, so conditional parameters never collide; vectors add
@@ -27,13 +28,13 @@ from typing import Any
 from autohet.errors import UserError
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
 from autohet.params import Param
+from autohet.pool.spec import POOL_DIMS
 from autohet.strategies import get_strategy, strategy_names
 from autohet.tuning.dims import CategoricalDim, Dim, FloatDim, IntDim, SpaceContext, parse_dim
 from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["OPTUNA_TRIAL_KEY", "DefineByRun", "SearchSpace", "SpaceContext", "load_search_space"]
 
-POOL_DIMS = ("cpu_group_size", "max_cpu_groups")
 # Config key carrying the Optuna trial number (returned by the define-by-run function): it ties each
 # Tune trial to its Optuna trial, so a resumed tune can settle trials a kill left running.
 OPTUNA_TRIAL_KEY = "optuna_trial"
@@ -116,6 +117,30 @@ class SearchSpace:
                                 f"valid for them: {', '.join(valid)}")
             valid = [n for n in valid if n in names or n == "single"]
         return SearchSpace({n: self.strategies[n] for n in valid}, self.executors, self.pool)
+
+    def for_machine(self) -> tuple[SearchSpace, list[str]]:
+        """The space without executor values this machine cannot run well (``executors.compiled.
+        unsupported``), and a note per value left out."""
+        from dataclasses import replace
+
+        from autohet.executors.compiled import unsupported
+
+        notes: list[str] = []
+        executors: dict[str, dict[str, Dim]] = {}
+        for kind, dims in self.executors.items():
+            executors[kind] = {}
+            for name, dim in dims.items():
+                if isinstance(dim, CategoricalDim):
+                    keep = []
+                    for value in dim.choices:
+                        why = unsupported(kind, name, value)
+                        if why:
+                            notes.append(f"{kind} {name}={value} left out: {why}")
+                        else:
+                            keep.append(value)
+                    dim = replace(dim, choices=tuple(keep or dim.choices[:1]))
+                executors[kind][name] = dim
+        return SearchSpace(self.strategies, executors, self.pool), notes
 
     def define(self, trial: Any, ctx: SpaceContext) -> None:
         """The define-by-run function body: strategy first, then its params (gates before the dims
