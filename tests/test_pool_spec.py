@@ -84,3 +84,41 @@ def test_executor_params_override_per_kind():
     assert {(e.batch, e.precision) for e in spec.executors} == {(8, "bf16")}
     with pytest.raises(UserError, match="out of range"):
         load_pool("actors/cpu2.yaml").with_executor_params({"cpu": {"batch": -1}})
+
+
+def test_partitions_of_one_gpu_share_a_process_and_forward_calls_by_member():
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import PoolSpec
+    from autohet.pool.ray_pool import MemberHandle, group_options
+
+    spec = PoolSpec("p", [ExecutorSpec("a", "gpu", (0,), 0, sms=66), ExecutorSpec("c", "cpu", (2,)),
+                          ExecutorSpec("b", "gpu", (1,), 0, sms=66), ExecutorSpec("w", "gpu", (3,), 1)])
+    assert spec.partition_groups() == [[0, 2]]  # gpu 1 is whole: an actor of its own
+
+    class Method:
+        def __init__(self, log: list, name: str) -> None:
+            self.log, self.name = log, name
+
+        def remote(self, *args):
+            self.log.append((self.name, args))
+            return "ref"
+
+    class FakeActor:
+        def __init__(self) -> None:
+            self.log: list = []
+
+        def __getattr__(self, name):
+            return Method(self.log, name)
+
+    actor = FakeActor()
+    assert MemberHandle(actor, 1).run.remote(0, 64, None) == "ref"
+    assert actor.log == [("run", (1, 0, 64, None))]  # the member index goes first
+    opts = group_options([spec.executors[0], spec.executors[2]], None, True)
+    assert opts["num_gpus"] == 1 and opts["num_cpus"] == 2 and opts["max_concurrency"] >= 4
+
+
+def test_auto_gpu_partitions_split_each_gpu_into_equal_sm_shares():
+    gpu_box = detect_executors(list(range(8)), 1, {"gpu_partitions": 2}, sm_counts=[132])
+    assert [(e.name, e.sms, e.cores) for e in gpu_box if e.kind == "gpu"] == [("gpu0p0", 66, (0,)), ("gpu0p1", 66, (1,))]
+    with pytest.raises(UserError, match="SM count"):
+        detect_executors(list(range(8)), 1, {"gpu_partitions": 2})

@@ -66,12 +66,16 @@ class ExecutorActor:
 class ExecutorGroupActor:
     """Several executors in one process, each method taking the member's index first: the green-context
     partitions of one GPU (kernels of different processes time-slice a GPU; partitions of one process
-    run side by side on their own SMs). Threaded (one call per member at once); forwards only."""
+    run side by side on their own SMs). Threaded, with a lock per member: members run at once, each
+    member one call at a time (as a plain executor actor would); forwards only."""
 
     def __init__(self, specs: list[ExecutorSpec], model: ModelSpec) -> None:
+        import threading
+
         from autohet.executors.gpu import local_gpu_index
         from autohet.executors.green import sm_partitions
 
+        self.locks = [threading.Lock() for _ in specs]
         self.executors = [make_executor(s, model) for s in specs]
         parts = sm_partitions(local_gpu_index(specs[0].gpu or 0), [s.sms for s in specs])
         for executor, part in zip(self.executors, parts, strict=True):
@@ -79,20 +83,24 @@ class ExecutorGroupActor:
         self.sms = [p.sms for p in parts]  # what the driver actually gave (rounded up to its granularity)
 
     def load(self, member: int, workload: Workload) -> dict[str, Any]:
-        self.executors[member].load(workload)
-        return {**self.executors[member].describe(), "sms_granted": self.sms[member]}
+        with self.locks[member]:
+            self.executors[member].load(workload)
+            return {**self.executors[member].describe(), "sms_granted": self.sms[member]}
 
     def configure(self, member: int, params: dict[str, Any]) -> dict[str, Any]:
-        self.executors[member].configure(params)
-        return self.executors[member].describe()
+        with self.locks[member]:
+            self.executors[member].configure(params)
+            return self.executors[member].describe()
 
     def run(self, member: int, start: int, size: int, following: tuple[int, int] | None = None
             ) -> tuple[Any, float]:
-        result = self.executors[member].run_ahead(start, size, following)
+        with self.locks[member]:
+            result = self.executors[member].run_ahead(start, size, following)
         return result.outputs, result.compute_s
 
     def standalone_ips(self, member: int, min_seconds: float, max_images: int | None = None) -> float:
-        return self.executors[member].standalone_ips(min_seconds, max_images)
+        with self.locks[member]:
+            return self.executors[member].standalone_ips(min_seconds, max_images)
 
     def ping(self, member: int) -> str:
         return self.executors[member].ping()
@@ -130,8 +138,9 @@ def kill_actor(handle: Any) -> None:
 
 def group_options(specs: list[ExecutorSpec], name: str | None, reserve_cpus: bool) -> dict[str, Any]:
     opts = actor_options(specs[0], name, reserve_cpus)
+    # threads: the dispatcher keeps up to 2 calls in flight per member, each member's run one at a time
     opts.update(num_cpus=sum(len(s.cores) for s in specs) if reserve_cpus else 0, num_gpus=1,
-                max_concurrency=len(specs))
+                max_concurrency=4 * len(specs))
     return opts
 
 
