@@ -36,10 +36,12 @@ def test_define_by_run_suggests_strategy_first_then_only_its_params():
         assert all(k.startswith(strategy + ".") for k in own)
         expected = set()
         for name, dim in space.strategies[strategy].items():
+            if dim.when is not None and trial.params.get(f"{strategy}.{dim.when[0]}") != dim.when[1]:
+                continue  # gated off in this trial
             if dim.type == "weights":
                 expected |= {f"{strategy}.{name}_{i}" for i in range(3)}
-            elif dim.type == "block_devices":
-                continue  # one device (cpu only): the vector is all-CPU, nothing to suggest
+            elif dim.vector:
+                continue  # sized by the model or the in-process devices: this context gives no length
             else:
                 expected.add(f"{strategy}.{name}")
         assert own == expected

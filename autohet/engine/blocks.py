@@ -72,13 +72,16 @@ class BlockPrograms:
         return backend_of(self.backend, block, device)
 
     def runner(self, block: str, device: str) -> Any:
-        """The block's runner on an engine device (built on first use)."""
+        """The block's runner on an engine device (built on first use), in the device's layout."""
         key = (block, device)
         if key not in self._runners:
             dev = self.engine[device]
             kind = self.backend_of(block, device)
             dtype = dev.dtype if kind == "torch" else None
-            self._runners[key] = make_runner(self.graph, block, str(dev.torch_device), kind, dtype)
+            runner = make_runner(self.graph, block, str(dev.torch_device), kind, dtype)
+            if kind == "torch" and dev.channels_last:
+                runner = _ChannelsLast(runner)
+            self._runners[key] = runner
         return self._runners[key]
 
     def _segment_call(self, seg: Segment) -> Any:
@@ -161,6 +164,24 @@ class BlockPrograms:
                 inputs = tuple(torch.randn(self.shapes[v]).to(dev.torch_device, dev.dtype) for v in block.inputs)
                 out[(block.name, device)] = dev.call(lambda c=call, i=inputs, d=dev: _mean_time(c, i, d, runs, warmup))
         return out
+
+
+class _ChannelsLast:
+    """A torch block runner with its weights and 4-d inputs in channels_last (the device's layout)."""
+
+    def __init__(self, runner: Any) -> None:
+        import copy
+
+        self.runner = runner
+        # a copy: a CPU fp32 runner shares the block's own module, which other runners and the graph use
+        runner.module = copy.deepcopy(runner.module).to(memory_format=torch.channels_last)
+        self.backend, self.device = runner.backend, runner.device
+
+    def __call__(self, *xs: torch.Tensor) -> Any:
+        return self.runner(*(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in xs))
+
+    def sync(self) -> None:
+        self.runner.sync()
 
 
 class _Timed:

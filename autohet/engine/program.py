@@ -27,7 +27,8 @@ __all__ = ["Engine", "FrameStream", "Program", "Step", "StepTime", "move", "tran
 @dataclass(frozen=True)
 class Step:
     """``fn(*input tensors) -> tensor | tuple`` run on ``device``; a transfer step has no fn: it moves
-    its one input to ``to`` (it runs on the worker that issues the copy)."""
+    its one input to ``to`` (it runs on the worker that issues the copy), only rows ``rows`` of its
+    dim 2 (image height) when given: a row slice or a halo, not the whole tensor."""
 
     name: str
     device: str
@@ -36,6 +37,7 @@ class Step:
     fn: Callable[..., Any] | None = None
     kind: str = "compute"  # compute | transfer | join | sum
     to: str | None = None
+    rows: tuple[int, int] | None = None
 
 
 @dataclass
@@ -201,7 +203,10 @@ class Engine:
             begin.record(worker.stream)
         if step.kind == "transfer":
             src = self.devices[inputs[0].device]
-            outs: tuple[Value, ...] = (move(inputs[0], src, self.devices[step.to or HOST], worker),)
+            value = inputs[0]
+            if step.rows is not None:  # a view: the copy below reads only these rows
+                value = Value(value.tensor[:, :, step.rows[0]:step.rows[1]], value.device, value.event)
+            outs: tuple[Value, ...] = (move(value, src, self.devices[step.to or HOST], worker),)
         else:
             tensors = [worker.accept(v) for v in inputs]
             if worker.kind == "gpu":

@@ -108,6 +108,7 @@ class GraphedCall:
 
     def __init__(self, fn: Callable[..., Any], examples: Sequence[torch.Tensor], stream: Any,
                  warmup: int = 3) -> None:
+        self.fn = fn  # the graph reads fn's weights by address: they must live as long as the graph
         self.static_in = [t.clone() for t in examples]
         with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(warmup):  # cuDNN picks its algorithms here, not inside the capture

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autohet.planners import pairing  # noqa: F401  (channel partitioning's pairing planner, seed 004)
 from autohet.planners._placement import (
     PlacementResult,
     critical_path,
@@ -21,6 +22,8 @@ from autohet.planners._placement import (
     valid_indices,
 )
 from autohet.planners._placement_problem import Problem, TransferFn, linear_transfer, table_transfer
+from autohet.planners.split import ChainCost, SplitPlan, balance  # noqa: F401  (the split ratio search, seed 003)
+from autohet.planners.stages import StagePlan, StageProblem, evaluate_stages, plan_stages  # noqa: F401
 
 __all__ = [
     "PlacementResult", "Problem", "TransferFn", "critical_path", "decode", "encode", "greedy",

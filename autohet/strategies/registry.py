@@ -27,6 +27,10 @@ STRATEGIES: dict[str, str] = {
     "fifo": "autohet.strategies.data_parallel:FifoScheduler",
     "fast_split": "autohet.strategies.data_parallel:FastSplitScheduler",
     "placement": "autohet.strategies.placement:PlacementStrategy",
+    "split": "autohet.strategies.split.strategy:SplitStrategy",
+    "coedge": "autohet.strategies.split.coedge:CoEdgeStrategy",
+    "pipeline": "autohet.strategies.pipeline.strategy:PipelineStrategy",
+    "channels": "autohet.strategies.channels.strategy:ChannelsStrategy",
 }
 
 

@@ -1,0 +1,138 @@
+"""Channel partitioning (seed 004): conv/linear layers split over devices by channels, OCP or IOP.
+
+OCP splits one layer's output channels (each device holds its slice of the weights, gets the
+input, computes its channels; the slices are concatenated before the next layer). IOP pairs
+adjacent layers: the first by output channels, the second by the matching input channels, so
+nothing is joined between them; the second's partial sums are added at the pair's end (bias once).
+Per-channel ops (batch norm, activations, pooling, dropout) run on the slices. Pairing follows the
+seed's heuristic over measured costs (``autohet.planners.pairing``): each layer timed whole on each
+device, links timed on the engine, pair when IOP's modelled time beats OCP's; channel shares
+proportional to the measured rates. With ``start=given`` the ``pairing`` vector (1 = pair with the
+next layer) decides instead, and ``shares`` (either start) fixes the splits, so a tuner can search
+both. What cannot be split (depthwise/grouped convs, residual adds, concatenations) runs whole on
+``rest`` (default: the device fastest on the whole model), which also joins. Latency runs serve
+batch-1 requests; throughput runs stream frames of ``batch``, the limit being the sum of each
+device's own throughput on the whole model (same engine, same run).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from autohet.context import tolerance_for
+from autohet.engine import EngineJob
+from autohet.errors import UserError
+from autohet.measurement import ExecutorReport
+from autohet.params import BoolParam, ChoiceParam, FloatListParam, IntListParam, IntParam, Param
+from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine
+from autohet.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from autohet.context import RunContext
+    from autohet.engine import Engine
+    from autohet.measurement import Measurement
+    from autohet.models import ModelSpec
+    from autohet.pool import Pool, PoolSpec
+    from autohet.workload import Workload
+
+__all__ = ["ChannelsJob", "ChannelsStrategy", "check_params"]
+
+
+def check_params(params: dict[str, Any], devices: list[str]) -> None:
+    """What can be checked before tracing the model (lengths are checked in the job)."""
+    if params.get("start", "greedy") != "given" and params.get("pairing") is not None:
+        raise UserError("channels: pairing is only used with start=given; add --set start=given")
+    rest = params.get("rest")
+    if rest is not None and not 0 <= rest < len(devices):
+        raise UserError(f"channels: rest = {rest} is not an index into the devices "
+                        f"({', '.join(f'{k} {d}' for k, d in enumerate(devices))})")
+
+
+class ChannelsJob(EngineJob):
+    """Trace, time layers and links, plan, run the plan next to each device alone (runs where the engine is)."""
+
+    def __init__(self, model: ModelSpec, mode: str, workload: Workload, requests: int, devices: list[str],
+                 params: dict[str, Any], standalone_s: float = 1.0) -> None:
+        self.model, self.mode, self.workload, self.requests = model, mode, workload, requests
+        self.devices, self.params, self.standalone_s = devices, params, standalone_s
+
+    def run(self, engine: Engine) -> dict[str, Any]:
+        from autohet.strategies.channels._session import ChannelsSession
+
+        params = self.params
+        session = ChannelsSession(engine, self.model, self.mode, self.workload, self.requests, self.devices, params,
+                                  self.standalone_s)
+        pairing = params["pairing"] if params["start"] == "given" else None
+        if params["start"] == "given" and pairing is None:
+            pairing = [0] * len(session.names)  # given without a vector: OCP everywhere
+        plan = session.plan(pairing, params["shares"], params["unsplit"])
+        out = session.measure(plan)
+        return {**out, "start": params["start"], **session.report(plan, params["compare"])}
+
+
+class ChannelsStrategy(Strategy):
+    name = "channels"
+    family = "channels"
+    modes = ("latency", "throughput")
+    on_engine = True
+    params: ClassVar[dict[str, Param]] = {
+        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
+                             help="greedy: the seed's pairing heuristic over measured costs; given: `pairing`"),
+        "pairing": IntListParam("pairing", None, low=0, high=1,
+                                help="with start=given: per partitionable layer, 1 pairs it with the next (IOP), "
+                                     "0 splits it alone (OCP)"),
+        "shares": FloatListParam("shares", None, low=0.0, high=1.0,
+                                 help="per partitionable layer, the first device's fraction of its channels (the "
+                                      "others split the rest by measured rate); or one per layer and device"),
+        "unsplit": BoolParam("unsplit", False,
+                             help="greedy: also weigh each layer unsplit on rest against its split (the seed's "
+                                  "eta = (0, 0)); off: every layer is split, as in the seed's heuristic"),
+        "rest": IntParam("rest", None, low=0, high=1023,
+                         help="index into devices of the device running what is not split and joining (default: "
+                              "the fastest on the whole model)"),
+        "batch": IntParam("batch", 8, low=1, high=4096, help="throughput runs: images per frame"),
+        "depth": IntParam("depth", 2, low=1, high=16, help="throughput runs: frames in flight"),
+        "runs": IntParam("runs", 10, low=1, high=1000, help="timed runs per layer, link and unit"),
+        "compare": BoolParam("compare", True, help="also measure IOP against OCP + OCP for every pairable layer "
+                                                   "pair (the seed's table)"),
+        "graphs": BoolParam("graphs", True, help="run GPU pieces and segments as CUDA graphs"),
+        "devices": DEVICES,
+    }
+
+    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+        """``layers``: the partitionable layers of the batch-1 trace; ``binary``: a pairing choice's values."""
+        if len(default_devices(spec)) < 2:
+            return {}
+        import torch
+
+        from autohet.models import build_model, input_shape
+        from autohet.strategies.channels._layers import channel_graph
+
+        graph = channel_graph(build_model(model), torch.zeros(1, *input_shape(model.name)))
+        return {"layers": len(graph.layers), "binary": 2}
+
+    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
+        check_params(params, [s.name for s in chosen_devices(pool, params, self.name)])
+
+    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+        specs = chosen_devices(pool, params, self.name)
+        devices = [s.name for s in specs]
+        check_params(params, devices)
+        requests = min(ctx.latency_runs, ctx.workload.images)
+        job = ChannelsJob(ctx.model, ctx.mode, ctx.workload, requests, devices, params, ctx.standalone_seconds)
+        out = run_on_engine(pool, job, specs)
+        outputs = out.pop("outputs")
+        if params["start"] == "given" and params["pairing"] is None:
+            params = {**params, "pairing": out["pairing"]}  # the exported config names the vector run
+        precision = tolerance_for([s.precision for s in specs])
+        if ctx.mode == "latency":
+            times = out.pop("times_s")
+            report = [ExecutorReport("channels", "+".join(s.device for s in specs), len(times), float(sum(times)))]
+            m = ctx.latency_measurement(pool, self.name, params, times, outputs, report, precision)
+        else:
+            wall, busy = out.pop("wall_s"), out.pop("busy_s")
+            ips = out["baselines_ips"]
+            report = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], ips[s.name]) for s in specs]
+            m = ctx.stream_measurement(pool, self.name, params, wall, outputs, sum(ips.values()), report, precision)
+        m.extra.update(out)
+        return m

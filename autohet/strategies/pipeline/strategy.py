@@ -1,0 +1,126 @@
+"""Pipelining (seed 002, PipeEdge): consecutive blocks form stages on different devices and frames
+stream through, so stage k of frame n runs beside stage k+1 of frame n-1. For throughput.
+
+The model's blocks (``autohet.partition`` at the micro-batch ``batch``) are cut into contiguous
+stages, one device each (a CPU group with its own threads, a GPU, a GPU partition: the executors'
+specs give cores, precision and layout). With ``start=greedy`` the cut and each stage's device come
+from measurement: every block timed on every device at the micro-batch and every link timed, then a
+dynamic program over contiguous stages and device orders minimises the slowest device's work per
+frame, moves included (``autohet.planners.stages``). With ``start=given`` the ``cuts`` and ``stages``
+vectors are run as given, so a tuner can search cuts the planner would not pick.
+
+On one node the stages are devices of the in-process engine and up to ``depth`` frames are in
+flight (``FrameStream``). When the chosen executors sit on different Ray nodes, each stage runs in
+a Ray actor on its node and frames pass through the object store (``pipeline._ray``).
+
+The limit is the pipeline's bound: the throughput of its slowest stage measured alone on its
+device (with the moves it carries); efficiency = measured / bound. The whole model on each chosen
+device at the same micro-batch is measured in the same job (``m.extra["single_ips"]``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from autohet.context import tolerance_for
+from autohet.measurement import ExecutorReport, WorkUnit
+from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
+from autohet.strategies._driver import RAISE_MARGIN
+from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine
+from autohet.strategies.base import Strategy
+from autohet.strategies.pipeline._plan import check_plan_params
+
+if TYPE_CHECKING:
+    from autohet.context import RunContext
+    from autohet.executors import ExecutorSpec
+    from autohet.measurement import Measurement
+    from autohet.models import ModelSpec
+    from autohet.pool import Pool, PoolSpec
+
+__all__ = ["PipelineStrategy", "default_batch", "spans_nodes"]
+
+
+def default_batch(specs: list[ExecutorSpec], images: int) -> int:
+    """The chosen executors' smallest batch, but small enough for four frames per possible stage
+    (a pipeline of one frame has nothing to overlap)."""
+    return max(1, min(min(s.batch for s in specs), images // (4 * len(specs))))
+
+
+def spans_nodes(specs: list[ExecutorSpec]) -> bool:
+    """Whether the executors name more than one Ray node (then one actor per stage, on its node)."""
+    return len({s.node for s in specs if s.node is not None}) > 1
+
+
+class PipelineStrategy(Strategy):
+    name = "pipeline"
+    family = "pipeline"
+    modes = ("throughput",)
+    on_engine = True
+    params: ClassVar[dict[str, Param]] = {
+        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
+                             help="greedy: the planner's stages from measured block and link times; given: "
+                                  "cuts and stages as set"),
+        "cuts": IntListParam("cuts", None, low=0, high=1023,
+                             help="with start=given: block index where each next stage starts (0, repeats and "
+                                  "indices past the last block mean no cut)"),
+        "stages": IntListParam("stages", None, low=0, high=1023,
+                               help="with start=given: one index into devices per stage (default 0, 1, ...)"),
+        "batch": IntParam("batch", None, low=1, high=4096,
+                          help="images per frame (default: the chosen executors' smallest batch, at most "
+                               "images / (4 x devices))"),
+        "depth": IntParam("depth", None, low=1, high=64, help="frames in flight (default: stages + 1)"),
+        "graphs": BoolParam("graphs", True, help="run GPU stages as CUDA graphs (captured once per stage)"),
+        "runs": IntParam("runs", 3, low=1, high=100, help="timed frames per block and per stage measurement"),
+        "devices": DEVICES,
+    }
+
+    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+        """``blocks`` (the partition's length) and ``cut_points`` (one fewer than the devices): the
+        ``cuts`` vector; ``stages`` is sized by ``devices``. Only with two devices to cut across."""
+        devices = len(default_devices(spec))
+        if devices < 2:
+            return {}
+        from autohet.partition import partition
+
+        return {"blocks": len(partition(model.name, batch=1, seed=model.seed).blocks), "cut_points": devices - 1}
+
+    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
+        specs = chosen_devices(pool, params, self.name)
+        check_plan_params(params, [s.name for s in specs])
+
+    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+        specs = chosen_devices(pool, params, self.name)
+        devices = [s.name for s in specs]
+        check_plan_params(params, devices)
+        params = {**params, "batch": params["batch"] or default_batch(specs, ctx.workload.images)}
+        if pool.on_ray and spans_nodes(specs):
+            from autohet.strategies.pipeline._ray import run_on_nodes
+
+            out = run_on_nodes(specs, ctx.model, ctx.workload, params)
+        else:
+            from autohet.strategies.pipeline._job import PipelineJob
+
+            out = run_on_engine(pool, PipelineJob(ctx.model, ctx.workload, devices, params), specs)
+        wall, outputs = out.pop("wall_s"), out.pop("outputs")
+        timeline = [WorkUnit(**unit) for unit in out.pop("timeline", [])]
+        used = {row["device"] for row in out["stages"]}
+        params = {**params, "depth": out["depth"]}
+        if params["start"] == "given":
+            params = {**params, "cuts": out["cuts"], "stages": out["order"]}  # the exported config names what ran
+        frame_ms = out["device_frame_ms"]
+        busy = {s.name: sum(u.compute_s for u in timeline if u.executor == s.name) if timeline else
+                frame_ms.get(s.name, 0.0) / 1e3 * out["frames"] for s in specs}  # measured, else estimated
+        reports = [ExecutorReport(s.name, s.device, ctx.workload.images if s.name in used else 0, busy[s.name],
+                                  out["batch"] / (frame_ms[s.name] / 1e3) if frame_ms.get(s.name) else 0.0)
+                   for s in specs]
+        precision = tolerance_for([s.precision for s in specs if s.name in used])
+        bound = out["bound_ips"]
+        run_ips = ctx.workload.images / wall if wall > 0 else 0.0
+        if run_ips > bound * RAISE_MARGIN:  # no pipeline beats its slowest stage: that stage was measured low
+            out["limit_raised"] = {"stage_bound_ips": bound, "run_ips": run_ips}
+            bound = run_ips
+        m = ctx.stream_measurement(pool, self.name, params, wall, outputs, bound, reports, precision)
+        m.timeline = timeline
+        m.extra.update(out)
+        m.extra["speedup_vs_best_single"] = m.throughput_ips / out["best_single"]["ips"]
+        return m

@@ -1,0 +1,258 @@
+"""What ``split`` and ``coedge`` share: the job that runs on the engine (trace, baselines, plan,
+measure, temperatures) and the strategy around it (devices, measurement, report).
+
+One job measures everything it compares in the same run on the same engine: each device alone
+with the whole model (a CUDA graph on a GPU: the single-device baselines, and in a throughput run
+the limit, the sum of their standalone throughputs), then the model split by rows at the planned
+or given shares, batch-1 requests (latency) or frames of ``batch`` (throughput), with the device
+temperatures read around the timed run.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from autohet.context import tolerance_for
+from autohet.engine import EngineJob
+from autohet.errors import UserError
+from autohet.measurement import ExecutorReport
+from autohet.params import BoolParam, FloatParam, IntParam, Param
+from autohet.strategies._inprocess import DEVICES, chosen_devices, run_on_engine
+from autohet.strategies.base import Strategy
+
+if TYPE_CHECKING:
+    from autohet.context import RunContext
+    from autohet.engine import Engine, Program
+    from autohet.measurement import Measurement
+    from autohet.models import ModelSpec
+    from autohet.pool import Pool
+    from autohet.strategies.split._chains import SpatialGraph
+    from autohet.strategies.split._programs import StagePrograms
+    from autohet.workload import Workload
+
+__all__ = ["COMMON_PARAMS", "SpatialJob", "SpatialStrategy", "shares_of", "step_seconds"]
+
+COMMON_PARAMS: dict[str, Param] = {
+    "devices": DEVICES,
+    "batch": IntParam("batch", None, low=1, high=4096,
+                      help="images per frame in a throughput run (default: the chosen executors' smallest batch)"),
+    "rest": IntParam("rest", None, low=0, high=1023,
+                     help="index into devices of the device running the non-local layers and the joins (default: "
+                          "the fastest whole-model baseline measured in the run)"),
+    "graphs": BoolParam("graphs", True, help="run GPU steps as CUDA graphs (static shapes, captured once per step)"),
+    "max_temp": FloatParam("max_temp", None, low=0.0, high=150.0,
+                           help="°C: a run in which a device is measured above it is a violation (devices whose "
+                                "temperature cannot be read are reported unavailable, not checked)"),
+}
+
+
+def step_seconds(engine: Engine, program: Program, feeds: dict[str, Any], tags: dict[str, tuple[str, ...]],
+                 runs: int) -> tuple[dict[tuple[str, ...], float], float]:
+    """Median seconds per step tag over ``runs`` timed runs (after one warm-up), and the median wall:
+    of the timed runs on CPUs, of as many untimed ones when a GPU takes part (timing a GPU step
+    synchronises it)."""
+    engine.run(program, feeds)
+    gpu = any(engine[d].kind == "gpu" for d in program.devices)
+    walls = []
+    for _ in range(runs if gpu else 0):
+        start = time.perf_counter()
+        engine.run(program, feeds)
+        walls.append(time.perf_counter() - start)
+    per: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for _ in range(runs):
+        timings: list[Any] = []
+        start = time.perf_counter()
+        engine.run(program, feeds, timings)
+        if not gpu:
+            walls.append(time.perf_counter() - start)
+        sums: dict[tuple[str, ...], float] = defaultdict(float)
+        for t in timings:
+            sums[tags.get(t.step, ("other",))] += t.seconds
+        for tag, seconds in sums.items():
+            per[tag].append(seconds)
+    return {tag: float(np.median(v)) for tag, v in per.items()}, float(np.median(walls))
+
+
+class SpatialJob(EngineJob):
+    """Trace, baselines, plan (subclass), measure, report; runs where the engine is."""
+
+    how: ClassVar[str] = "split"
+
+    def __init__(self, model: ModelSpec, mode: str, images: np.ndarray | Workload, devices: list[str],
+                 gpus: list[int], cpus: bool, params: dict[str, Any], seconds: float = 1.0) -> None:
+        """``images``: the latency run's requests, or the throughput run's workload; ``gpus``: CUDA
+        indices and ``cpus``: whether CPUs take part (temperatures); ``seconds``: each throughput
+        baseline's length."""
+        self.model, self.mode, self.images, self.devices = model, mode, images, devices
+        self.gpus, self.cpus, self.params, self.seconds = gpus, cpus, params, seconds
+
+    @property
+    def batch(self) -> int:
+        return 1 if self.mode == "latency" else int(self.params["batch"])
+
+    def _rows(self, start: int, n: int) -> np.ndarray:
+        if isinstance(self.images, np.ndarray):
+            return self.images[start:start + n]
+        return self.images.rows(start, n)
+
+    def _count(self) -> int:
+        return len(self.images) if isinstance(self.images, np.ndarray) else self.images.images
+
+    def _run_program(self, engine: Engine, program: Program, images: int | None = None) -> dict[str, Any]:
+        """The program measured the run's way: batch-1 requests, or ``images`` in frames of ``batch``."""
+        from autohet.engine import request_latencies, stream_frames
+
+        if self.mode == "latency":
+            times, outputs = request_latencies(engine, program, self._rows(0, self._count()))
+            return {"times_s": times, "outputs": outputs}
+        n = images or self._count()
+        wall, outputs = stream_frames(engine, program, self._rows, n, self.batch)
+        return {"wall_s": wall, "outputs": outputs, "images": n}
+
+    def _baselines(self, engine: Engine, module: Any, example: Any) -> dict[str, dict[str, float]]:
+        """The whole model alone on each device: the run's requests (latency), or frames for at least
+        ``seconds`` after a probe of four frames (throughput: a steady rate, not a pipeline fill)."""
+        from autohet.engine import whole_model_program
+
+        out = {}
+        for device in self.devices:
+            program = whole_model_program(engine, module, device, example, self.params["graphs"])
+            if self.mode == "latency":
+                got = self._run_program(engine, program)
+                out[device] = {"p50_ms": float(np.median(got["times_s"])) * 1e3}
+                continue
+            probe = self._run_program(engine, program, 4 * self.batch)
+            frames = probe["images"] / probe["wall_s"] * self.seconds / self.batch
+            got = self._run_program(engine, program, self.batch * int(min(max(frames, 4), 10_000)))
+            out[device] = {"ips": got["images"] / got["wall_s"]}
+        return out
+
+    @staticmethod
+    def _fastest(baselines: dict[str, dict[str, float]]) -> str:
+        """The device with the lowest p50 (latency) or the highest throughput alone."""
+        if all("p50_ms" in b for b in baselines.values()):
+            return min(baselines, key=lambda d: baselines[d]["p50_ms"])
+        return max(baselines, key=lambda d: baselines[d]["ips"])
+
+    @staticmethod
+    def speeds(baselines: dict[str, dict[str, float]]) -> dict[str, float]:
+        """Each device's measured speed alone (requests or images per second)."""
+        return {d: (1e3 / b["p50_ms"]) if "p50_ms" in b else b["ips"] for d, b in baselines.items()}
+
+    @abstractmethod
+    def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
+             baselines: dict[str, dict[str, float]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
+        """Shares per chain (one per device) and what the planning measured (for the report)."""
+
+    def run(self, engine: Engine) -> dict[str, Any]:
+        import torch
+
+        from autohet.models import build_model, input_shape
+        from autohet.strategies.split._chains import spatial_graph
+        from autohet.strategies.split._programs import StagePrograms
+        from autohet.telemetry import TemperatureWatch, default_sources
+
+        params = self.params
+        module = build_model(self.model)
+        shape = tuple(input_shape(self.model.name))
+        if tuple(self._rows(0, 1).shape[1:]) != shape:
+            raise UserError(f"the workload's images are {tuple(self._rows(0, 1).shape[1:])}, the model takes {shape}")
+        graph = spatial_graph(module, torch.randn((1, *shape), generator=torch.Generator().manual_seed(0)),
+                              params.get("max_windows") or 0)
+        example = torch.from_numpy(np.ascontiguousarray(self._rows(0, 1))).repeat(self.batch, 1, 1, 1)
+        baselines = self._baselines(engine, module, example)
+        rest = self.devices[params["rest"]] if params["rest"] is not None else self._fastest(baselines)
+        programs = StagePrograms(engine, graph, self.devices, rest, self.batch, params["graphs"])
+        shares, planning = self.plan(engine, graph, programs, baselines)
+        program = programs.program(shares, self.how)
+        with TemperatureWatch(default_sources(self.gpus)) as watch:
+            got = self._run_program(engine, program)
+        timings: list[Any] = []
+        engine.run(program, {"x": example}, timings)  # one timed frame: who was busy how long
+        busy: dict[str, float] = defaultdict(float)
+        for t in timings:
+            busy[t.device] += t.seconds
+        frames = len(got["times_s"]) if self.mode == "latency" else -(-self._count() // self.batch)
+        if not graph.chains:
+            planning["note"] = (f"no chain of spatially-local layers in the {graph.tracer}-traced model: it ran "
+                                f"whole on {rest}")
+        return {**got, **planning, "devices": self.devices, "rest": rest, "batch": self.batch,
+                "baselines": baselines, "temperature": watch.report(), "tracer": graph.tracer,
+                "busy_s": {d: busy.get(d, 0.0) * frames for d in self.devices},
+                "chains": len(graph.chains), "stages": [s.kind for s in graph.stages],
+                "chain_windows": [c.windows for c in graph.chains]}
+
+
+class SpatialStrategy(Strategy):
+    """The strategy side of both row families: devices, the job, the measurement and its extras."""
+
+    family: ClassVar[str] = "split"
+    modes: ClassVar[tuple[str, ...]] = ("latency", "throughput")
+    on_engine: ClassVar[bool] = True
+    job: ClassVar[type[SpatialJob]]
+
+    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
+        specs = chosen_devices(pool, params, self.name)
+        if params.get("rest") is not None and params["rest"] >= len(specs):
+            raise UserError(f"{self.name}: rest is an index into devices (0..{len(specs) - 1}), got {params['rest']}")
+        self.check_params(params, len(specs))
+
+    def check_params(self, params: dict[str, Any], devices: int) -> None:
+        """What can be checked before tracing the model (subclasses)."""
+
+    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+        from autohet.telemetry import temperature_violation as violation
+
+        specs = chosen_devices(pool, params, self.name)
+        self.check_params(params, len(specs))
+        devices = [s.name for s in specs]
+        batch = params.get("batch") or min(s.batch for s in specs)
+        if ctx.mode == "latency":
+            images: Any = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
+        else:
+            images = ctx.workload
+        job = self.job(ctx.model, ctx.mode, images, devices, [int(s.gpu or 0) for s in specs if s.kind == "gpu"],
+                       any(s.kind == "cpu" for s in specs), {**params, "batch": batch}, ctx.standalone_seconds)
+        out = run_on_engine(pool, job, specs)
+        outputs = out.pop("outputs")
+        busy = out.pop("busy_s")
+        precision = tolerance_for([s.precision for s in specs])
+        base = out["baselines"]
+        if ctx.mode == "latency":
+            times = out.pop("times_s")
+            reports = [ExecutorReport(s.name, s.device, len(times), busy[s.name], 0.0) for s in specs]
+            m = ctx.latency_measurement(pool, self.name, params, times, outputs, reports, precision)
+        else:
+            wall = out.pop("wall_s")
+            out.pop("images", None)
+            limit = sum(b["ips"] for b in base.values())
+            reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], base[s.name]["ips"])
+                       for s in specs]
+            m = ctx.stream_measurement(pool, self.name, params, wall, outputs, limit, reports, precision)
+        key = "p50_ms" if ctx.mode == "latency" else "ips"
+        best = min(base, key=lambda d: base[d][key] if key == "p50_ms" else -base[d][key])
+        out["best_single"] = {"device": best, key: base[best][key]}
+        m.extra.update(out)
+        max_temp = params.get("max_temp")
+        m.extra["temperature"] = {"devices": out["temperature"], "max_temp_c": max_temp,
+                                  "checked": [d for d, r in out["temperature"].items() if "max_c" in r]}
+        broke = violation(out["temperature"], max_temp)
+        if broke:
+            m.extra["violation"] = broke
+        return m
+
+
+def shares_of(value: Sequence[float], devices: int) -> tuple[float, ...]:
+    """One chain's shares from a ratio (two devices: device 0's share) or one weight per device."""
+    if len(value) == 1 and devices == 2:
+        return (float(value[0]), 1.0 - float(value[0]))
+    total = float(sum(value))
+    if len(value) != devices or total <= 0:
+        raise UserError(f"shares need one weight per device ({devices}) with a positive sum, got {list(value)}")
+    return tuple(float(v) / total for v in value)
