@@ -1,25 +1,60 @@
 """One strategy run on a pool: validate its parameters, start the pool, run, return the Measurement.
 
-The only module above the strategies that runs them (the CLI and the tuner call it).
+The only module above the strategies that runs them (the CLI and the tuner call it), so it is also
+where every run's energy and temperatures are read (``autohet.telemetry``): around ``strategy.run``,
+with the standalone-speed measurements the strategy asks for cut out. The figures land in
+``m.extra["energy"]`` (flat numbers: ``energy_j_per_image`` is the energy objective's, joules per
+request in a latency run) and ``m.extra["unavailable"]`` (figure -> why it could not be read).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autohet.errors import UserError
 from autohet.strategies import get_strategy
+from autohet.telemetry import EnergyMeter, EnergyResult, Sources, default_sources
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.measurement import Measurement
-    from autohet.pool import Pool
+    from autohet.pool import Pool, PoolSpec
 
-__all__ = ["run_strategy"]
+__all__ = ["energy_sources", "record_energy", "run_strategy"]
 
 
-def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: RunContext) -> Measurement:
-    """Validates params, starts the pool for the context's model/workload, runs the strategy."""
+def energy_sources(spec: PoolSpec) -> Sources:
+    """What can be read for a pool on this host: its GPUs (NVML), the CPU packages (RAPL), the
+    temperature sensors. A simulated pool draws nothing; executors on other nodes are not read."""
+    if spec.simulated:
+        reason = "simulated pool: its executors draw no energy"
+        return Sources(unavailable={"energy_j": reason, "temp": reason})
+    gpus = sorted({int(e.gpu) for e in spec.executors if e.kind == "gpu" and e.node is None and e.gpu is not None})
+    sources = default_sources(gpus)
+    remote = sorted({e.node for e in spec.executors if e.node is not None})
+    if remote:
+        sources = sources + Sources(unavailable={"energy_remote": f"executors on {', '.join(remote)} are not "
+                                                                   "read: energy is read on this host only"})
+    return sources
+
+
+def record_energy(m: Measurement, result: EnergyResult, mode: str) -> None:
+    """Stores a meter's figures in the Measurement (numbers in extra['energy'], reasons in
+    extra['unavailable'])."""
+    figures = result.metrics()
+    if mode == "latency" and "energy_j_per_image" in figures:
+        figures["energy_j_per_request"] = figures["energy_j_per_image"]
+    m.extra["energy"] = {**(m.extra.get("energy") or {}), **figures}
+    unavailable = {**result.unavailable, **(m.extra.get("unavailable") or {})}
+    if unavailable:
+        m.extra["unavailable"] = unavailable
+
+
+def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: RunContext,
+                 meter: EnergyMeter | None = None) -> Measurement:
+    """Validates params, starts the pool for the context's model/workload, runs the strategy with
+    its energy measured (``meter``: a test's; default, this host's sources for the pool)."""
     strategy = get_strategy(strategy_name)
     if ctx.mode not in strategy.modes:
         raise UserError(f"strategy {strategy_name} does not serve {ctx.mode} runs (it serves "
@@ -28,4 +63,14 @@ def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: Ru
     strategy.check_pool(pool, checked)
     if not strategy.on_engine:
         pool.start(ctx.model, ctx.workload)
-    return strategy.run(pool, ctx, checked)
+    meter = meter if meter is not None else EnergyMeter(energy_sources(pool.spec))
+    measured = ctx.standalone_provider
+
+    def standalone(p: Pool, share: int) -> list[float]:  # not the run's energy
+        with meter.excluded():
+            return measured(p, share) if measured is not None else p.standalone_ips(ctx.standalone_seconds, share)
+
+    with meter:
+        m = strategy.run(pool, replace(ctx, standalone_provider=standalone), checked)
+    record_energy(m, meter.result(m.images, m.wall_s), ctx.mode)
+    return m

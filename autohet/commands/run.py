@@ -171,5 +171,34 @@ def report(m: Measurement) -> str:
         lines.append("limit: " + "; ".join(f"{n} ran at {v['run_ips']:.4g} img/s, above its standalone "
                                            f"{v['standalone_ips']:.4g}: the run's speed is used"
                                            for n, v in m.extra["limit_raised"].items()))
+    lines += energy_lines(m)
     lines += [f"! {f}" for f in m.failures]
+    if m.extra.get("violation"):
+        lines.append(f"! violation: {m.extra['violation']}")
     return "\n".join(lines)
+
+
+def energy_lines(m: Measurement) -> list[str]:
+    """What the run drew and how hot it got; each figure that could not be read, with why."""
+    e = m.extra.get("energy") or {}
+
+    def fig(key: str) -> str:
+        return f"{e[key]:.4g}" if key in e else "?"
+
+    lines = []
+    if "energy_j" in e:
+        whole = ("energy_j", "energy_window_j")
+        devices = ", ".join(f"{k[7:-2]} {v:.4g} J" for k, v in e.items()
+                            if k.startswith("energy_") and k.endswith("_j") and k not in whole)
+        per = "request" if m.limit_ips is None else "image"
+        lines.append(f"energy {fig('energy_j')} J ({devices}): {fig('energy_j_per_image')} J/{per}, "
+                     f"{fig('power_avg_w')} W average over the run; the whole strategy run "
+                     f"{fig('energy_window_j')} J in {fig('energy_window_s')} s")
+    temps = {k[5:-6]: v for k, v in e.items() if k.startswith("temp_") and k.endswith("_max_c") and k != "temp_max_c"}
+    if temps:
+        lines.append(f"temperature max {fig('temp_max_c')} C (" + ", ".join(f"{k} {v:.1f}" for k, v in temps.items())
+                     + ")")
+    unavailable = m.extra.get("unavailable") or {}
+    if unavailable:
+        lines.append("not measured: " + "; ".join(f"{k}: {v}" for k, v in unavailable.items()))
+    return lines

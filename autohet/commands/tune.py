@@ -26,6 +26,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--images", help="images per trial, or auto")
     p.add_argument("--data-seed", type=int, default=0, help="seed of the synthetic images")
     p.add_argument("--npy", help="an .npy file of images instead of synthetic ones")
+    p.add_argument("--max-temp", type=float, dest="max_temp", metavar="C",
+                   help="a trial whose measured max temperature exceeds C is a violation (never exported); "
+                        "trials first wait for the devices to cool (conf: cool_margin_c, cool_max_s)")
     p.add_argument("--resume", action="store_true", help="continue a killed tune, keeping finished trials")
     p.add_argument("--address", help="join this Ray cluster")
     p.set_defaults(func=main)
@@ -41,7 +44,7 @@ def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.conf, {
         "objective": args.objective, "trials": args.trials, "time_budget_s": args.time_budget_s,
         "strategies": args.strategies, "pool": args.pool, "experiment": args.experiment,
-        "tracking_uri": args.tracking_uri, "seed": args.seed, "images": images})
+        "tracking_uri": args.tracking_uri, "seed": args.seed, "images": images, "max_temp": args.max_temp})
     outcome = tune_model(model, settings, args.address, args.resume, args.data_seed, args.npy)
     primary = settings.objectives.primary
     print(f"\n{outcome.trials_done} trials of {model.name} ({settings.objective}); best valid per strategy:")
@@ -49,8 +52,12 @@ def main(args: argparse.Namespace) -> int:
     if outcome.front:
         names = [o.name for o in settings.objectives.objectives]
         print(f"\nPareto front ({', '.join(names)}), tagged pareto=true in MLflow:")
-        print(table([[r["strategy"], *[r[n] for n in names], r["run_id"]] for r in outcome.front],
+        print(table([[r["strategy"], *[f"{r[n]:.4g}" for n in names], r["run_id"]] for r in outcome.front],
                     ["strategy", *[f"{o.name} {o.unit}" for o in settings.objectives.objectives], "run id"]))
+        print("pick a point: autohet export --experiment "
+              f"{outcome.experiment} --run-id ID, or by a bound: --max-watts W / --min-ips N / --max-ms M")
+    elif outcome.front_note:
+        print(f"\n{outcome.front_note}")
     if outcome.best_path:
         b = outcome.best
         print(f"\nbest: {b['strategy']} {b['params']} -> {outcome.best_path}")

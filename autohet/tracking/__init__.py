@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autohet.tracking._export import TuneOutcome, export_run, record_outcome
 from autohet.tracking._logger import TrialLogger
+from autohet.tracking._select import CONSTRAINTS, Constraint, constraints_from, pick_trial
 from autohet.tracking._status import FINISHED, STATUSES
 from autohet.tracking._store import (
     artifact_location,
@@ -17,7 +18,7 @@ from autohet.tracking._store import (
 from autohet.tracking._summary import front, run_status, summarize
 
 __all__ = [
-    "FINISHED", "STATUSES", "TrialLogger", "TuneOutcome", "artifact_location", "default_tracking_uri",
-    "ensure_experiment", "experiment_runs", "export_run", "front", "mlflow_client", "record_outcome", "run_status",
-    "summarize", "trial_runs", "tune_objective",
+    "CONSTRAINTS", "FINISHED", "STATUSES", "Constraint", "TrialLogger", "TuneOutcome", "artifact_location",
+    "constraints_from", "default_tracking_uri", "ensure_experiment", "experiment_runs", "export_run", "front",
+    "mlflow_client", "pick_trial", "record_outcome", "run_status", "summarize", "trial_runs", "tune_objective",
 ]

@@ -61,12 +61,15 @@ class TuneOutcome:
     summary: list[dict[str, Any]]
     trials_done: int
     front: list[dict[str, Any]]
+    front_note: str | None = None  # why a two-objective tune has no front (a figure never measured)
 
 
 def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: str, objectives: ObjectiveSet,
                    exp_dir: Path, platform: dict[str, Any]) -> TuneOutcome:
     """Exports the best valid trial (the first objective's best; with two objectives the front is
-    tagged ``pareto`` and plotted), logs the comparison plot, and returns the tune's outcome."""
+    tagged ``pareto`` and plotted), logs the comparison plot, and returns the tune's outcome. The
+    front holds only trials that measured every objective: where energy could not be read, it is
+    empty and ``front_note`` says why (the trials' ``unavailable.*`` reasons)."""
     from autohet.tracking.plots import comparison_figure, pareto_figure
 
     runs = trial_runs(client, experiment_id, parent_id)
@@ -74,6 +77,7 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
     valid = [r for r in rows if r["best"] is not None]
     best_path, best = None, None
     front_rows: list[dict[str, Any]] = []
+    front_note: str | None = None
     if objectives.multi:
         points = front(runs, objectives)
         for run in points:
@@ -84,6 +88,9 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
         if front_rows:
             fig = pareto_figure(runs, points, objectives, f"{experiment}: Pareto front")
             client.log_figure(parent_id, fig, "pareto.png")
+        else:
+            front_note = _no_front(runs, objectives)
+            client.set_tag(parent_id, "pareto", front_note[:5000])
     if valid:
         best_row = valid[0]
         best_path = exp_dir / "best.yaml"
@@ -95,4 +102,20 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
         client.log_metric(parent_id, "best_objective_value", float(best_row["best"]))
         client.set_tag(parent_id, "best_run_id", best_row["run_id"])
         client.set_tag(parent_id, "best_strategy", best_row["strategy"])
-    return TuneOutcome(experiment, parent_id, best_path, best, rows, len(runs), front_rows)
+    return TuneOutcome(experiment, parent_id, best_path, best, rows, len(runs), front_rows, front_note)
+
+
+def _no_front(runs: list[Any], objectives: ObjectiveSet) -> str:
+    """Why no trial is on the front: no ok trial, or the objectives no ok trial measured (and why)."""
+    ok = [r for r in runs if run_status(r) == "ok"]
+    if not ok:
+        return "no Pareto front: no ok trial"
+    missing = [o for o in objectives.objectives if not any(o.value(r.data.metrics) is not None for r in ok)]
+    parts = []
+    for o in missing:
+        family = o.metric.split("_")[0]
+        reasons = sorted({f"{k.split('.', 1)[1]}: {v}" for r in ok for k, v in r.data.tags.items()
+                          if k.startswith(f"unavailable.{family}")})
+        why = f" ({'; '.join(reasons)})" if reasons else ""
+        parts.append(f"{o.name} ({o.metric}) was measured in no ok trial{why}")
+    return "no Pareto front: " + ("; ".join(parts) or "no ok trial measured every objective")

@@ -39,9 +39,18 @@ class Progress:
             self.best = (value, result.get("strategy", "?"))
         best = f"best {self.best[0]:.4g} {primary.unit} ({self.best[1]})" if self.best else "no valid trial yet"
         elapsed = time.strftime("%H:%M:%S", time.gmtime(time.time() - self.start))
-        line = f"[{self.done:>3}/{self.budget}] {elapsed}  {best}  last: {result.get('strategy', '?')} ({status})"
+        line = f"[{self.done:>3}/{self.budget}] {elapsed}  {best}  last: {result.get('strategy', '?')} ({status}"
+        line += self._others(result) + ")"
         print(("\r" + line.ljust(100)) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr,
               flush=True)
+
+    def _others(self, result: dict[str, Any]) -> str:
+        """The last trial's figures on the objectives after the first (a Pareto tune's energy)."""
+        parts = []
+        for o in self.objectives.objectives[1:]:
+            value = o.value(result)
+            parts.append(f"{value:.4g} {o.unit}" if value is not None else f"{o.name} not measured")
+        return (", " + ", ".join(parts)) if parts and result.get("status") in ("ok", "violation") else ""
 
     def breakdown(self, manager_stats: dict[str, int]) -> str:
         """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,

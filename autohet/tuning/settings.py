@@ -33,6 +33,9 @@ class TuneSettings:
     latency_runs: int = 50
     trial_timeout_s: float | str = "auto"  # auto: max(20 s, 10x the expected run time)
     cut_factor: float = 4.0  # throughput: cut a run longer than this x the fastest valid run so far (0: never)
+    max_temp: float | None = None  # C: a trial whose measured max temperature exceeds it is a violation
+    cool_margin_c: float = 5.0  # with max_temp: each trial first waits until max_temp - this ...
+    cool_max_s: float = 120.0  # ... for at most this many seconds
 
     def validate(self) -> TuneSettings:
         self.objective = ObjectiveSet.parse(str(self.objective)).name
@@ -56,9 +59,27 @@ class TuneSettings:
             ok = False
         if not ok:
             raise UserError(f"cut_factor must be 0 (never cut) or at least 1, got {self.cut_factor!r}")
+        self._validate_thermal()
         if isinstance(self.strategies, str) and self.strategies != "all":
             self.strategies = [s.strip() for s in self.strategies.split(",") if s.strip()]
         return self
+
+    def _validate_thermal(self) -> None:
+        if self.max_temp is not None:
+            try:
+                self.max_temp = float(self.max_temp)
+            except (TypeError, ValueError):
+                raise UserError(f"max_temp must be degrees C (or null), got {self.max_temp!r}") from None
+            if not 0 < self.max_temp < 150:
+                raise UserError(f"max_temp must be between 0 and 150 C, got {self.max_temp:g}")
+        for name in ("cool_margin_c", "cool_max_s"):
+            try:
+                value = float(getattr(self, name))
+            except (TypeError, ValueError):
+                value = -1.0
+            if value < 0:
+                raise UserError(f"{name} must be a number of at least 0, got {getattr(self, name)!r}")
+            setattr(self, name, value)
 
     def trial_timeout(self, images: int, limit_ips: float) -> float:
         """Seconds a trial's run may take before it is cut (and its busy executors replaced)."""

@@ -2,8 +2,11 @@
 
 A trial ends with one status (``autohet.tracking.STATUSES``): ``ok``, ``invalid`` (outputs failed
 the check), ``cut`` (slower than the deadline or than cut_factor x the fastest run), ``refused``
-(it cannot finish in time, or its parameters do not fit the pool). Only ``ok`` trials carry their
-objective values; the others report each objective's worst value, so the searcher never prefers them.
+(it cannot finish in time, or its parameters do not fit the pool), ``violation`` (it ran, but past a
+bound: its measured max temperature above ``max_temp``, or a bound the strategy itself reports in
+``m.extra["violation"]``). Only ``ok`` trials carry their objective values; the others report each
+objective's worst value, so the searcher never prefers them. With ``max_temp`` set, each trial first
+waits (capped) for the devices to cool a margin below it, so one hot trial does not fail the next.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from autohet.errors import RunTimeout, UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec
 from autohet.objectives import ObjectiveSet
-from autohet.running import run_strategy
+from autohet.pool import PoolSpec
+from autohet.running import energy_sources, run_strategy
+from autohet.telemetry import wait_cool
 from autohet.tuning.space import SearchSpace
 from autohet.workload import Workload
 
-__all__ = ["CUT_FLOOR_S", "TrialSetup", "objective_metrics", "run_trial", "trial_metrics", "tune_entry"]
+__all__ = ["CUT_FLOOR_S", "TrialSetup", "objective_metrics", "run_trial", "trial_metrics", "trial_status",
+           "tune_entry"]
 
 # The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
 CUT_FLOOR_S = 5.0
@@ -48,6 +54,10 @@ class TrialSetup:
     workload_seed: int = 0
     npy: str | None = None
     reference: dict[str, np.ndarray] = field(default_factory=dict)
+    max_temp: float | None = None  # a trial hotter than this (max over the sensors, C) is a violation
+    cool_margin_c: float = 5.0  # before each trial: wait until max_temp - this ...
+    cool_max_s: float = 120.0  # ... for at most this long
+    pool_spec: PoolSpec | None = None  # the base pool: whose temperatures the cooling wait reads
 
     @property
     def objectives(self) -> ObjectiveSet:
@@ -82,6 +92,28 @@ def objective_metrics(result: dict[str, Any], objectives: ObjectiveSet) -> dict[
     return out
 
 
+def trial_status(m: Measurement, max_temp: float | None) -> tuple[str, str | None]:
+    """(status, why) of a measured run: invalid outputs first, then a violated bound, else ok."""
+    if not m.output_ok:
+        return "invalid", "; ".join(m.failures)[:500]
+    if m.extra.get("violation"):
+        return "violation", str(m.extra["violation"])[:500]
+    hottest = (m.extra.get("energy") or {}).get("temp_max_c")
+    if max_temp is not None and hottest is not None and hottest > max_temp:
+        return "violation", f"max temperature {hottest:.1f} C during the run is above --max-temp {max_temp:g} C"
+    return "ok", None
+
+
+def _cool(setup: TrialSetup, phases: dict[str, float], notes: dict[str, str]) -> None:
+    """Waits for the devices to cool ``cool_margin_c`` below ``max_temp`` (see module doc)."""
+    if setup.max_temp is None or setup.pool_spec is None:
+        return
+    cooled = wait_cool(energy_sources(setup.pool_spec), setup.max_temp - setup.cool_margin_c, setup.cool_max_s)
+    phases["time.cool_s"] = cooled.waited_s
+    if cooled.note:
+        notes["cooling"] = cooled.note
+
+
 def _ended(status: str, strategy: str, params: dict[str, Any], error: str, **extra: Any) -> dict[str, Any]:
     return {"status": status, "strategy": strategy, "params_json": json.dumps(params), "error": error[:500], **extra}
 
@@ -97,6 +129,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     phases = {"time.acquire_s": 0.0, "time.standalone_s": 0.0}  # where a trial's seconds go
     started = time.perf_counter()
     objectives = setup.objectives
+    notes: dict[str, str] = {}  # figure -> why it was not read (MLflow tags unavailable.<figure>)
+    _cool(setup, phases, notes)
 
     def standalone(pool: Any, share: int) -> list[float]:
         t0 = time.perf_counter()
@@ -107,8 +141,11 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
     def finish(result: dict[str, Any]) -> dict[str, Any]:
         phases["time.trial_s"] = time.perf_counter() - started
-        phases["time.run_s"] = phases["time.trial_s"] - phases["time.acquire_s"] - phases["time.standalone_s"]
+        phases["time.run_s"] = (phases["time.trial_s"] - phases["time.acquire_s"] - phases["time.standalone_s"]
+                                - phases.get("time.cool_s", 0.0))
         result.update(phases)
+        if notes or result.get("unavailable"):
+            result["unavailable"] = {**notes, **(result.get("unavailable") or {})}
         result.update(objective_metrics(result, objectives))
         return result
 
@@ -122,7 +159,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         cut = None
     try:
         spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
-        phases["time.acquire_s"] = time.perf_counter() - started
+        phases["time.acquire_s"] = time.perf_counter() - started - phases.get("time.cool_s", 0.0)
         phases["time.compile_s"] = compile_s
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
@@ -138,7 +175,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     except UserError as exc:
         return finish(_ended("refused", strategy, params, str(exc)))
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
-    status = "ok" if m.output_ok else "invalid"
+    status, why = trial_status(m, setup.max_temp)
     if status == "ok" and objectives.mode == "throughput":
         ray.get(manager.record_wall.remote(m.wall_s))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
@@ -154,8 +191,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                   config_yaml=yaml.safe_dump(config_out.to_dict(), sort_keys=False))
     if m.extra.get("unavailable"):
         result["unavailable"] = m.extra["unavailable"]
-    if not m.output_ok:
-        result["error"] = "; ".join(m.failures)[:500]
+    if why:
+        result["error"] = why
     return finish(result)
 
 

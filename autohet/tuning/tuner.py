@@ -23,6 +23,7 @@ from autohet.errors import UserError
 from autohet.models import ModelSpec
 from autohet.objectives import ObjectiveSet
 from autohet.pool import PoolSpec
+from autohet.pool.spec import POOL_DIMS
 from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.settings import TuneSettings
@@ -60,7 +61,7 @@ def space_context(space: SearchSpace, pool: PoolSpec, model: ModelSpec, pool_dim
 
 def _max_pool_size(pool: PoolSpec, space: SearchSpace, pool_dims: bool) -> int:
     """Executors in the largest topology the space can ask for (sizes pool_index and weights)."""
-    if not pool_dims or not set(space.pool) & {"cpu_group_size", "max_cpu_groups"}:
+    if not pool_dims or not set(space.pool) & set(POOL_DIMS):
         return len(pool.executors)
     import itertools
 
@@ -72,7 +73,7 @@ def _max_pool_size(pool: PoolSpec, space: SearchSpace, pool_dims: bool) -> int:
             return [None]
         return dim.values() or list(range(int(dim.low), int(dim.high) + 1))
 
-    choices = {name: values(name) for name in ("cpu_group_size", "max_cpu_groups")}
+    choices = {name: values(name) for name in POOL_DIMS}
     return max(len(regroup(pool, dict(zip(choices, combo, strict=True))).executors)
                for combo in itertools.product(*choices.values()))
 
@@ -128,7 +129,10 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     exp_dir = (Path("runs") / experiment).resolve()
     state_file = exp_dir / "tune_state.json"
     state = _load_state(state_file, exp_dir / "tune", experiment, model, resume, exp_dir)
-    space = load_search_space(settings.search_spaces).restrict(settings.strategy_list, objectives.mode)
+    space, left_out = load_search_space(settings.search_spaces).restrict(settings.strategy_list,
+                                                                         objectives.mode).for_machine()
+    for note in left_out:
+        print(f"autohet: note: {note}", file=sys.stderr)
     if objectives.mode == "latency" and list(space.strategies) == ["single"]:
         print("autohet: note: only `single` serves latency runs with these search spaces", file=sys.stderr)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
@@ -164,7 +168,10 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         setup = TrialSetup(model, workload, objectives.name, manager_name, settings.check_images,
                            settings.standalone_seconds, settings.latency_runs, deadline_s=deadline_s,
                            cut_factor=float(settings.cut_factor), workload_seed=data_seed, npy=npy,
-                           reference=dict(ctx._reference))
+                           reference=dict(ctx._reference), max_temp=settings.max_temp,
+                           cool_margin_c=settings.cool_margin_c, cool_max_s=settings.cool_max_s,
+                           pool_spec=pool_spec)
+        _telemetry_notes(settings, pool_spec)
 
         uri = settings.tracking_uri
         client = mlflow_client(uri)
@@ -237,6 +244,22 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             logging.getLogger(__name__).debug("manager already stopped")
 
 
+def _telemetry_notes(settings: TuneSettings, pool_spec: PoolSpec) -> None:
+    """Says once, before the trials, what an energy objective or --max-temp cannot use here."""
+    from autohet.running import energy_sources
+    from autohet.telemetry import read_temperatures
+
+    sources = energy_sources(pool_spec)
+    if any(o.name == "energy" for o in settings.objectives.objectives) and not sources.counters:
+        why = "; ".join(f"{k}: {v}" for k, v in sources.unavailable.items() if k.startswith("energy"))
+        print(f"autohet: note: no energy counter readable here ({why}); every trial reports the worst energy",
+              file=sys.stderr)
+    if settings.max_temp is not None and not read_temperatures(sources)[0]:
+        why = "; ".join(f"{k}: {v}" for k, v in sources.unavailable.items() if k.startswith("temp"))
+        print(f"autohet: note: --max-temp {settings.max_temp:g}: no temperature readable here ({why}); trials are "
+              "neither checked against it nor spaced to cool", file=sys.stderr)
+
+
 def _start_parent(client: Any, experiment_id: str, model: ModelSpec, settings: TuneSettings, pool_spec: PoolSpec,
                   images: int, space: SearchSpace, platform: dict[str, Any]) -> str:
     parent = client.create_run(experiment_id, run_name=f"tune-{model.name}-{settings.objective}",
@@ -245,7 +268,7 @@ def _start_parent(client: Any, experiment_id: str, model: ModelSpec, settings: T
     params = {"model": model.name, "weights_seed": model.seed, "objective": settings.objective,
               "pool": pool_spec.source, "trials": settings.trials, "time_budget_s": settings.time_budget_s,
               "images": images, "seed": settings.seed, "strategies": ",".join(space.strategies),
-              "simulated": pool_spec.simulated}
+              "simulated": pool_spec.simulated, "max_temp": settings.max_temp}
     params.update({f"platform.{k}": v for k, v in platform.items()})
     for key, value in params.items():
         client.log_param(parent_id, key, str(value)[:6000])
