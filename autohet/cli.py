@@ -46,6 +46,26 @@ def _stop_ray() -> None:
             ray.shutdown()
 
 
+def _interrupt_in(exc: BaseException) -> BaseException | None:
+    """The interrupt behind ``exc``, if any: a signal that lands while C code calls back into Python
+    (a constructor in Ray or protobuf) comes back as a SystemError whose cause is our exception."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, (KeyboardInterrupt, Interrupted)):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
+def _interrupted(exc: BaseException) -> int:
+    signum = getattr(exc, "signum", 2)
+    _stop_ray()
+    print(f"autohet: {'terminated' if signum == 15 else 'interrupted'}; Ray shut down", file=sys.stderr)
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
     from autohet.ray_runtime import handle_signals
 
@@ -55,14 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
+        cause = _interrupt_in(exc)
+        if cause is not None:
+            return _interrupted(cause)
         print(f"autohet: error: {exc}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Interrupted) as exc:
-        signum = getattr(exc, "signum", 2)
-        _stop_ray()
-        print(f"autohet: {'terminated' if signum == 15 else 'interrupted'}; Ray shut down", file=sys.stderr)
-        return 128 + signum
+        return _interrupted(exc)
     except Exception as exc:
+        cause = _interrupt_in(exc)
+        if cause is not None:
+            return _interrupted(cause)
         if os.environ.get("AUTOHET_DEBUG"):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -76,5 +99,20 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
+def entry() -> None:
+    """The console script: ``main``, then an exit that a still-running executor thread cannot abort.
+    An in-process unit abandoned by a timed-out run cannot be cancelled; interpreter teardown under a
+    thread inside a torch kernel ends in ``terminate called`` and SIGABRT, after complete output."""
+    import threading
+
+    code = main()
+    busy = [t for t in threading.enumerate() if t.name.startswith("autohet-") and t.is_alive()]
+    if busy:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,7 +8,14 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_model", "fingerprint", "fingerprint_differences"]
+__all__ = ["cpu_model", "fingerprint", "fingerprint_differences", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity: a taskset or a container's cpuset), not the host's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
 
 
 def cpu_model() -> str:

@@ -9,7 +9,9 @@ import tempfile
 import threading
 from pathlib import Path
 
-__all__ = ["handle_signals", "init_ray", "ray_temp_dir"]
+__all__ = ["OBJECT_STORE_BYTES", "handle_signals", "init_ray", "ray_temp_dir"]
+
+OBJECT_STORE_BYTES = 4 * 1024**3
 
 
 def _raise(signum: int, frame: object) -> None:
@@ -66,6 +68,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     if address:
         ray.init(address=address, **common)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
-                 _temp_dir=temp_dir, **common)
+        # a bounded object store: Ray's default (30% of memory in /dev/shm) per local cluster can exhaust
+        # /dev/shm on a shared machine; units, outputs and the workload bank need far less
+        # address="local": always a new instance. Without it ray.init joins any Ray it finds running on the
+        # machine (another user's, or a dying one), then fails on our num_cpus or waits 60 s for a dead GCS
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
+                 _temp_dir=temp_dir, object_store_memory=OBJECT_STORE_BYTES, **common)
     handle_signals()

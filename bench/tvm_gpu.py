@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         device, models = "cpu", ["lenet"]
         # 4 trials end it early; the budget leaves room for a loaded 2-core CI box (child start ~30 s)
         args.trials, args.budget_s, args.total_s = min(args.trials, 4), 150.0, 260
+        # a small search population: on two cores the evolutionary search, not the measuring, is the cost
+        args.population, args.per_iter = min(args.population, 32), min(args.per_iter, 4)
     else:
         device, models = args.device, [m.strip() for m in args.models.split(",") if m.strip()]
     name = "tvm_gpu_smoke.json" if args.smoke else f"tvm_{'gpu' if device == 'cuda' else 'cpu'}.json"

@@ -167,7 +167,7 @@ def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, wor
     pipe: an event, not a wall-clock guess)."""
     import signal as signals
 
-    proc = subprocess.Popen([sys.executable, "-m", "autohet.cli", "profile", "--model", "vgg16", "--pool",
+    proc = subprocess.Popen([sys.executable, "-m", "autohet.cli", "profile", "--model", "lenet", "--pool",
                              "actors/cpu2.yaml", "--batches", "1,2,4,8,16,32", "--seconds", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
@@ -181,3 +181,22 @@ def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, wor
     assert proc.returncode == code, err[-2000:]
     assert f"autohet: {word}; Ray shut down" in rest
     assert "Traceback" not in err and "SIGTERM received" not in err and "*** " not in err
+
+
+def test_an_interrupt_wrapped_by_c_code_still_ends_as_an_interrupt(monkeypatch, capsys):
+    """A signal landing while C code calls back into Python surfaces as a SystemError caused by our
+    exception; it must end like any interrupt, not as an internal error."""
+    from autohet import cli
+    from autohet.commands import profile
+    from autohet.errors import Interrupted
+
+    def run(args):
+        try:
+            raise Interrupted(15)
+        except Interrupted as exc:
+            raise SystemError("<built-in method __new__> returned a result with an exception set") from exc
+
+    monkeypatch.setattr(profile, "main", run)
+    monkeypatch.setattr(cli, "_stop_ray", lambda: None)
+    assert cli.main(["profile", "--model", "lenet"]) == 143
+    assert capsys.readouterr().err.strip() == "autohet: terminated; Ray shut down"

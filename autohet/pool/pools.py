@@ -111,7 +111,7 @@ class LocalPool(Pool):
 
     def shutdown(self) -> None:
         for worker in getattr(self, "workers", []):
-            worker.close()
+            worker.close(wait_s=2.0)
         self.workers, self.executors = [], []
         self.started_for = None
 

@@ -46,7 +46,9 @@ class Worker:
     def call(self, fn: Callable[[], Any]) -> Any:
         return self.submit(fn).result()
 
-    def close(self) -> None:
-        """Ends the thread once its queue is done; does not wait (a unit abandoned by a timed-out run
-        may still be running: in-process work cannot be cancelled, and the thread is a daemon)."""
+    def close(self, wait_s: float = 10.0) -> None:
+        """Ends the thread once its queue is done, waiting up to ``wait_s`` for it (a thread left
+        inside a torch kernel at interpreter exit aborts the process; a unit abandoned by a timed-out
+        run may still be running, and in-process work cannot be cancelled, hence the cap)."""
         self._tasks.put(None)
+        self._thread.join(timeout=wait_s)

@@ -209,16 +209,19 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
                        [not a for a in st.alive])
 
 
-def limit_figures(standalone: list[float], result: DriveResult) -> tuple[list[float], dict[int, tuple[float, float]]]:
+def limit_figures(standalone: list[float], result: DriveResult,
+                  wall_timed: list[bool] | None = None) -> tuple[list[float], dict[int, tuple[float, float]]]:
     """Each executor's figure for the limit: its standalone throughput, or the speed it showed during
     this run (images / its busy seconds) where that is higher: an executor cannot beat its own
-    standalone speed, so a lower standalone figure was measured wrong. Returns the figures and the
-    raised ones as {executor: (standalone, run speed)}."""
+    standalone speed, so a lower standalone figure was measured wrong (a short measurement on a busy
+    host). Only for executors whose busy seconds are wall time (``wall_timed``: CPU groups, simulated
+    ones): a GPU's busy seconds are its kernels' time, which leaves out the host's share of a unit.
+    Returns the figures and the raised ones as {executor: (standalone, run speed)}."""
     figures, raised = [], {}
     for i, v in enumerate(standalone):
         busy, images = result.busy_by_executor[i], result.images_by_executor[i]
         speed = images / busy if busy > 0 and images > 0 else 0.0
-        if speed > v * RAISE_MARGIN:
+        if (wall_timed is None or wall_timed[i]) and speed > v * RAISE_MARGIN:
             raised[i] = (v, speed)
             v = speed
         figures.append(v)
@@ -231,7 +234,8 @@ def drive_measurement(ctx: RunContext, pool: Pool, strategy: str, params: dict[s
     figures, see ``limit_figures``), per-executor figures, the output check."""
     ok, diff, tol, problems = ctx.check(result.outputs, result.coverage, precision_of(pool), pool.simulated)
     throughput = ctx.workload.images / result.wall_s if result.wall_s > 0 else 0.0
-    figures, raised = limit_figures(standalone, result)
+    figures, raised = limit_figures(standalone, result, [e.kind == "cpu" or e.kind == "sim"
+                                                          for e in pool.spec.executors])
     limit = float(sum(figures))
     executors = [
         ExecutorReport(spec.name, spec.device, result.images_by_executor[i], result.busy_by_executor[i],

@@ -28,6 +28,7 @@ from autohet.backends._base import parse_device, parse_dtype
 from autohet.backends.tvm._toolchain import _first_line, ensure_cuda
 from autohet.errors import UserError
 from autohet.partition import Block
+from autohet.platform_info import usable_cores
 
 __all__ = ["TvmRunner", "database_tag", "export_so", "fused_for_tuning", "to_relax", "tune_dir", "tvm_root",
            "tvm_target", "warm_worker"]
@@ -49,7 +50,7 @@ def tvm_target(device: str) -> tuple[dict[str, Any], str]:
     dev = parse_device(device)
     if dev.type == "cpu":
         mcpu = tvm.target.codegen.llvm_get_system_cpu()
-        return {"kind": "llvm", "mcpu": mcpu, "num-cores": os.cpu_count() or 1}, f"llvm-{mcpu}"
+        return {"kind": "llvm", "mcpu": mcpu, "num-cores": usable_cores()}, f"llvm-{mcpu}"
     major, minor = torch.cuda.get_device_capability(dev)
     arch = f"sm_{major}{minor}"
     props = torch.cuda.get_device_properties(dev)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 import traceback
@@ -186,9 +185,10 @@ def _make_builder_runner(target: dict[str, Any]) -> tuple[Any, Any]:
 
     from autohet.backends.tvm._runner import export_so, warm_worker
     from autohet.backends.tvm._toolchain import cuda_worker_init
+    from autohet.platform_info import usable_cores
 
     _keep_builder_workers()
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     workers = cores if cores >= 4 else 1
     if target["kind"] != "cuda":
         builder = ms.builder.LocalBuilder(max_workers=workers, timeout_sec=120.0)
