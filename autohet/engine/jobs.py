@@ -15,7 +15,7 @@ from typing import Any
 
 from autohet.engine.devices import CpuDevice, Device, GpuDevice
 from autohet.engine.program import Engine
-from autohet.errors import UserError
+from autohet.errors import RunTimeout, UserError
 from autohet.executors.base import ExecutorSpec
 
 __all__ = ["EngineActor", "EngineJob", "build_engine", "device_for", "run_job"]
@@ -75,14 +75,44 @@ class EngineActor:
 _ACTOR: Any = None
 
 
-def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool) -> dict[str, Any]:
-    """Runs the job in this process, or in the engine actor when the pool is on Ray."""
-    if not on_ray:
-        engine = build_engine(specs)
+def _run_here(job: EngineJob, specs: Sequence[ExecutorSpec], deadline_s: float | None, what: str) -> dict[str, Any]:
+    """In this process; with a deadline, on a thread that is abandoned past it (in-process work cannot
+    be cancelled: the thread finishes, then closes its engine; the command's exit does not wait)."""
+    import threading
+
+    engine = build_engine(specs)
+    if deadline_s is None:
         try:
             return job.run(engine)
         finally:
             engine.close()
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["out"] = job.run(engine)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        finally:
+            engine.close()
+
+    thread = threading.Thread(target=work, name="autohet-engine-job", daemon=True)
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        raise RunTimeout(f"{what} did not finish within {deadline_s:.0f} s", [])
+    if "error" in box:
+        raise box["error"]
+    return box["out"]
+
+
+def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool, deadline_s: float | None = None,
+            what: str = "the job") -> dict[str, Any]:
+    """Runs the job in this process, or in the engine actor when the pool is on Ray. Past
+    ``deadline_s`` it raises RunTimeout; under Ray the engine actor is killed (its job cannot be
+    cancelled and would hold the devices) and the next job starts a fresh one."""
+    if not on_ray:
+        return _run_here(job, specs, deadline_s, what)
     import ray
 
     global _ACTOR
@@ -91,7 +121,11 @@ def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool) -> dict
         _ACTOR = ray.remote(EngineActor).options(num_cpus=0, num_gpus=0, runtime_env=env,
                                                  max_restarts=0).remote()
     try:
-        return ray.get(_ACTOR.run.remote(job, list(specs)))
+        return ray.get(_ACTOR.run.remote(job, list(specs)), timeout=deadline_s)
+    except ray.exceptions.GetTimeoutError:
+        ray.kill(_ACTOR, no_restart=True)
+        _ACTOR = None
+        raise RunTimeout(f"{what} did not finish within {deadline_s:.0f} s (its engine was stopped)", []) from None
     except ray.exceptions.RayTaskError as exc:
         if isinstance(exc.cause, UserError):
             raise UserError(str(exc.cause)) from None  # the one-line message, not Ray's wrapper

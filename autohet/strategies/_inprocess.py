@@ -43,5 +43,8 @@ def chosen_devices(pool: Pool, params: dict[str, Any], strategy: str) -> list[Ex
     return [pool.spec.executors[i] for i in indices]
 
 
-def run_on_engine(pool: Pool, job: EngineJob, specs: list[ExecutorSpec]) -> dict[str, Any]:
-    return run_job(job, specs, on_ray=pool.on_ray)
+def run_on_engine(pool: Pool, job: EngineJob, specs: list[ExecutorSpec], deadline_s: float | None = None,
+                  strategy: str = "the run") -> dict[str, Any]:
+    """The job on the pool's devices; past ``deadline_s`` (the run's limit, ``ctx.deadline_s``) it is
+    stopped and RunTimeout raised, so a hopeless trial is cut like a data-parallel one."""
+    return run_job(job, specs, on_ray=pool.on_ray, deadline_s=deadline_s, what=strategy)

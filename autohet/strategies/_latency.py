@@ -50,7 +50,7 @@ def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: st
     """Batch-1 latency of the whole model on one executor of the pool (see module doc)."""
     spec = pool.spec.executors[executor]
     images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
-    out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec])
+    out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec], ctx.deadline_s, "single")
     times = out["times_s"]
     reports = [ExecutorReport(s.name, s.device, len(times) if k == executor else 0,
                               float(sum(times)) if k == executor else 0.0, 0.0, s.kind == "sim")

@@ -188,7 +188,8 @@ class PlacementStrategy(Strategy):
         devices = [s.name for s in specs]
         check_vector(params, devices)
         images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
-        out = run_on_engine(pool, PlacementJob(ctx.model, images, devices, params), specs)
+        out = run_on_engine(pool, PlacementJob(ctx.model, images, devices, params), specs, ctx.deadline_s,
+                            self.name)
         times = out.pop("times_s")
         outputs = out.pop("outputs")
         if params.get("start") == "given" and params.get("assignment") is None:

@@ -120,7 +120,7 @@ class ChannelsStrategy(Strategy):
         check_params(params, devices)
         requests = min(ctx.latency_runs, ctx.workload.images)
         job = ChannelsJob(ctx.model, ctx.mode, ctx.workload, requests, devices, params, ctx.standalone_seconds)
-        out = run_on_engine(pool, job, specs)
+        out = run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
         outputs = out.pop("outputs")
         if params["start"] == "given" and params["pairing"] is None:
             params = {**params, "pairing": out["pairing"]}  # the exported config names the vector run

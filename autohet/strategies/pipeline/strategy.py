@@ -100,7 +100,8 @@ class PipelineStrategy(Strategy):
         else:
             from autohet.strategies.pipeline._job import PipelineJob
 
-            out = run_on_engine(pool, PipelineJob(ctx.model, ctx.workload, devices, params), specs)
+            out = run_on_engine(pool, PipelineJob(ctx.model, ctx.workload, devices, params), specs,
+                                ctx.deadline_s, self.name)
         wall, outputs = out.pop("wall_s"), out.pop("outputs")
         timeline = [WorkUnit(**unit) for unit in out.pop("timeline", [])]
         used = {row["device"] for row in out["stages"]}

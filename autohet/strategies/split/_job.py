@@ -219,7 +219,7 @@ class SpatialStrategy(Strategy):
             images = ctx.workload
         job = self.job(ctx.model, ctx.mode, images, devices, [int(s.gpu or 0) for s in specs if s.kind == "gpu"],
                        any(s.kind == "cpu" for s in specs), {**params, "batch": batch}, ctx.standalone_seconds)
-        out = run_on_engine(pool, job, specs)
+        out = run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
         outputs = out.pop("outputs")
         busy = out.pop("busy_s")
         precision = tolerance_for([s.precision for s in specs])
