@@ -73,6 +73,7 @@ class EngineActor:
 
 
 _ACTOR: Any = None
+_ACTOR_NODE: str | None = None  # the driver's node when the actor was made: a new ray.init is a new node
 
 
 def _run_here(job: EngineJob, specs: Sequence[ExecutorSpec], deadline_s: float | None, what: str) -> dict[str, Any]:
@@ -115,11 +116,13 @@ def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool, deadlin
         return _run_here(job, specs, deadline_s, what)
     import ray
 
-    global _ACTOR
-    if _ACTOR is None:
+    global _ACTOR, _ACTOR_NODE
+    node = ray.get_runtime_context().get_node_id()
+    if _ACTOR is None or node != _ACTOR_NODE:  # none yet, or one of an earlier Ray instance of this process
         env = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
         _ACTOR = ray.remote(EngineActor).options(num_cpus=0, num_gpus=0, runtime_env=env,
                                                  max_restarts=0).remote()
+        _ACTOR_NODE = node
     try:
         return ray.get(_ACTOR.run.remote(job, list(specs)), timeout=deadline_s)
     except ray.exceptions.GetTimeoutError:
