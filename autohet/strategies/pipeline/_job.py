@@ -23,10 +23,9 @@ from autohet.planners.stages import (
     StageProblem,
     boundary_bytes,
     boundary_values,
-    evaluate_stages,
     plan_stages,
 )
-from autohet.strategies.pipeline._plan import StagePrograms, given_plan, model_graph, stage_rows, value_shapes
+from autohet.strategies.pipeline._plan import StagePrograms, given_stage_plan, model_graph, stage_rows, value_shapes
 
 if TYPE_CHECKING:
     from autohet.engine import Engine, Program
@@ -113,9 +112,7 @@ class PipelineJob(EngineJob):
         times: dict[tuple[str, str], float] = {}
         links: dict[tuple[str, str], tuple[float, float]] = {}
         if params["start"] == "given":
-            cuts, order = given_plan(params, len(names), len(devices))
-            zero = dict.fromkeys(((b, d) for b in names for d in devices), 0.0)
-            plan = evaluate_stages(StageProblem(names, devices, zero, sizes), cuts, order)
+            plan = given_stage_plan(params, names, devices, sizes)
         else:
             times = programs.block_times(devices, runs=params["runs"], warmup=1)
             links = measure_links(engine, devices)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autohet.engine.blocks import BlockPrograms
 from autohet.errors import UserError
-from autohet.planners.stages import StagePlan, normalise_cuts
+from autohet.planners.stages import StagePlan, StageProblem, evaluate_stages, normalise_cuts
 
 if TYPE_CHECKING:
     import torch
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from autohet.models import ModelSpec
     from autohet.partition import BlockGraph
 
-__all__ = ["StagePrograms", "check_plan_params", "given_plan", "model_graph", "stage_rows", "sub_graph", "value_shapes"]
+__all__ = ["StagePrograms", "check_plan_params", "given_plan", "given_stage_plan", "model_graph", "stage_rows",
+           "sub_graph", "value_shapes"]
 
 _GRAPHS: dict[tuple[Any, int], Any] = {}
 
@@ -141,6 +142,15 @@ def given_plan(params: dict[str, Any], blocks: int, devices: int) -> tuple[list[
     order = [int(i) for i in stages[:count]]
     keep = [k for k in range(1, count) if order[k] != order[k - 1]]
     return [cuts[k - 1] for k in keep], [order[0], *(order[k] for k in keep)]
+
+
+def given_stage_plan(params: dict[str, Any], names: Sequence[str], devices: Sequence[str],
+                     sizes: Sequence[int]) -> StagePlan:
+    """The plan of start=given, both runtimes: ``given_plan``'s cut and stage devices, evaluated with
+    no block measured (nothing is planned: the figures that matter are measured by the run)."""
+    cuts, order = given_plan(params, len(names), len(devices))
+    zero = dict.fromkeys(((b, d) for b in names for d in devices), 0.0)
+    return evaluate_stages(StageProblem(list(names), list(devices), zero, list(sizes)), cuts, order)
 
 
 def stage_rows(plan: StagePlan, names: Sequence[str], batch: int, measured: dict[int, dict[str, float]]

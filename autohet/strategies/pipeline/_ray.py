@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.errors import UserError
-from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, evaluate_stages, plan_stages
-from autohet.strategies.pipeline._plan import StagePrograms, given_plan, model_graph, sub_graph, value_shapes
+from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
+from autohet.strategies.pipeline._plan import StagePrograms, given_stage_plan, model_graph, sub_graph, value_shapes
 
 if TYPE_CHECKING:
     from autohet.executors import ExecutorSpec
@@ -235,9 +235,7 @@ def run_on_nodes(specs: list[ExecutorSpec], model: ModelSpec, workload: Workload
         times: dict[tuple[str, str], float] = {}
         hops: dict[tuple[str, str], tuple[float, float]] = {}
         if params["start"] == "given":
-            cuts, order = given_plan(params, len(names), len(devices))
-            zero = dict.fromkeys(((b, d) for b in names for d in devices), 0.0)
-            plan = evaluate_stages(StageProblem(names, devices, zero, sizes), cuts, order)
+            plan = given_stage_plan(params, names, devices, sizes)
         else:
             measured = ray.get([a.block_times.remote(params["runs"]) for a in actors.values()])
             times = {(b, d): t for d, per in zip(devices, measured, strict=True) for b, t in per.items()}
