@@ -171,6 +171,9 @@ def main() -> None:
     use_compile_cache()
     work = Path(args.work or tempfile.mkdtemp(prefix="autohet-peers-"))
     work.mkdir(parents=True, exist_ok=True)
+    for folder in ("conf", "search_spaces", "actors"):  # the tunes run in ``work``, with the project's files
+        if not (work / folder).exists():
+            (work / folder).symlink_to(REPO / folder)
     rows = []
     for name in args.models.split(","):
         row = peers(name, args.batch, args.precision, args.iters, args.max_mode or None)

@@ -128,7 +128,7 @@ def run_model(engine: Any, model: str, names: list[str], gpus: list[int], args: 
         out[label] = {"p50_ms": p50, "over_best_single": p50 / single, "output_ok": ok, "max_abs_diff": diff,
                       "ratios": got["ratios"], "rest": got["rest"]}
     if args.throughput_batch:
-        n = (8 if args.smoke else 40) * args.throughput_batch  # frames enough for a steady rate, not the fill
+        n = (8 if args.smoke else args.throughput_frames) * args.throughput_batch  # a steady rate, not the fill
         workload = Workload.from_spec(WorkloadSpec(n, input_shape(model)))
         for label, cls, strategy in (("split", SplitJob, SplitStrategy), ("coedge", CoEdgeJob, CoEdgeStrategy)):
             params = strategy().validate({"batch": args.throughput_batch, "runs": args.runs,
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "fp16", "bf16"], help="the GPU's")
     parser.add_argument("--throughput-batch", type=int, default=0,
                         help="also run split and coedge in throughput mode, frames of this many images (0: no)")
+    parser.add_argument("--throughput-frames", type=int, default=40, help="frames per throughput run")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     from autohet.engine import Engine

@@ -121,12 +121,12 @@ class PipelineJob(EngineJob):
             plan = plan_stages(problem)
         program = programs.program(plan.assignment(names))
         shapes = value_shapes(graph)
-        measured = {k: measure_stage(engine, alone, shapes, params["runs"])
+        depth = params["depth"] or len(plan.stages) + 1
+        measured = {k: measure_stage(engine, alone, shapes, params["runs"], depth)  # as many in flight as the run
                     for k, alone in enumerate(stage_programs(engine, program, plan, names, boundary_values(graph)))}
         loads: dict[str, float] = defaultdict(float)
         for k, stage in enumerate(plan.stages):
             loads[stage.device] += measured[k]["frame_s"]
-        depth = params["depth"] or len(plan.stages) + 1
         recorder = StepSpans(engine, program)
         wall, outputs = stream_frames(engine, recorder.program, self.workload.rows, self.workload.images, batch,
                                       depth, warmup=2)
