@@ -8,8 +8,9 @@ import signal
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
-__all__ = ["OBJECT_STORE_BYTES", "handle_signals", "init_ray", "ray_temp_dir"]
+__all__ = ["OBJECT_STORE_BYTES", "dump_stacks_later", "handle_signals", "init_ray", "ray_temp_dir"]
 
 OBJECT_STORE_BYTES = 4 * 1024**3
 
@@ -44,6 +45,17 @@ def ray_temp_dir() -> str:
     return os.path.join(os.environ["RAY_TMPDIR"], "ray")
 
 
+def dump_stacks_later() -> None:
+    """For a hang: with ``AUTOHET_STACK_DUMP_S=N`` set, every thread's stack goes to stderr every N
+    seconds, in the driver and (as Ray's worker setup hook) in every Ray worker, whose stderr is its
+    ``worker-*.err`` log under the session's logs."""
+    seconds = float(os.environ.get("AUTOHET_STACK_DUMP_S") or 0)
+    if seconds > 0:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(seconds, repeat=True)
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
              resources: dict[str, float] | None = None) -> None:
     """Starts a local Ray (all cores, detected GPUs) or joins ``address``; no-op when already up."""
@@ -63,8 +75,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if ray.is_initialized():
         return
-    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                  namespace="autohet")
+    common: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                  namespace="autohet")
+    if os.environ.get("AUTOHET_STACK_DUMP_S"):
+        common["runtime_env"] = {"worker_process_setup_hook": "autohet.ray_runtime.dump_stacks_later"}
+        dump_stacks_later()
     if address:
         ray.init(address=address, **common)
     else:

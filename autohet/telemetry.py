@@ -290,6 +290,9 @@ class EnergyResult:
         return out
 
 
+MIN_ENERGY_SPAN_S = 1.0  # the shortest stretch of a trace whose energy is read as the run's (see result)
+
+
 class EnergyMeter:
     """Counters read at start and stop, sampled every ``interval_s`` in between (None: no thread;
     ``sample()`` may be called by hand, as tests do with a fake ``clock``). A context manager.
@@ -443,7 +446,13 @@ class EnergyMeter:
         window_s = trace[-1][0] - trace[0][0] if len(trace) > 1 else 0.0
         window_j = {n: trace[-1][1][n] - trace[0][1][n] for n in names} if len(trace) > 1 else {}
         span = window_s if run_s is None or run_s <= 0 or run_s >= window_s else run_s
-        run_j = _busiest(trace, names, span) if names and window_s > 0 else dict(window_j)
+        run_j = dict(window_j)
+        if names and window_s > 0:
+            # counters move in steps (NVML's every few tens of ms): a stretch much shorter than a
+            # second can hold a whole step and read twice the power; such runs are charged the
+            # average power of the busiest second around them
+            measured = min(window_s, max(span, MIN_ENERGY_SPAN_S))
+            run_j = {n: j * span / measured for n, j in _busiest(trace, names, measured).items()}
         return EnergyResult(window_s, window_j, span, run_j, images, gauges, temp_max, max(0, len(trace) - 2),
                             unavailable)
 

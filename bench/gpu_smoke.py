@@ -63,10 +63,10 @@ def check_executor(backend: str) -> str:
 def check_partitions() -> str:
     from concurrent.futures import ThreadPoolExecutor
 
-    from autohet.executors.green import sm_partitions
+    from autohet.executors.green import equal_share, sm_partitions
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
-    parts = sm_partitions(0, [total // 2, total // 2])
+    parts = sm_partitions(0, [equal_share(0, 2)] * 2)
     execs = [executor("eager", batch=64, stream=p.stream)[0] for p in parts]
     alone = [e.standalone_ips(1.0) for e in execs]
     with ThreadPoolExecutor(2) as pool:

@@ -17,10 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from autohet.context import RunContext
 from autohet.executors import ExecutorSpec
+from autohet.executors.green import equal_share
 from autohet.models import ModelSpec, input_shape
 from autohet.pool import LocalPool, PoolSpec, RayPool, StandaloneCache
 from autohet.ray_runtime import init_ray
@@ -40,8 +39,7 @@ def pool_spec(sms: list[int] | None, batch: int, cpu: bool) -> PoolSpec:
 
 def measure(model: str, images: int, batch: int, cpu: bool, seconds: float) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    total = torch.cuda.get_device_properties(0).multi_processor_count
-    half = total // 2
+    half = equal_share(0, 2)  # 64 of an H100's 132: the driver's alignment
     workload = Workload.from_spec(WorkloadSpec(images, input_shape(model)))
     cache = StandaloneCache()
     for label, sms, strategies in (("whole GPU", None, ["single"]),
@@ -103,7 +101,7 @@ def main() -> None:
     for model in args.models.split(","):
         rows += measure(model, args.images, args.batch, args.with_cpu, args.seconds)
         if args.engine:
-            rows += in_process(model, torch.cuda.get_device_properties(0).multi_processor_count // 2)
+            rows += in_process(model, equal_share(0, 2))
     emit("partitions", rows, ["model", "pool", "strategy", "output_ok", "throughput_ips", "limit_ips", "efficiency",
                               "standalone_sum", "latency_p50_ms"], args.out)
     if args.out:

@@ -198,6 +198,20 @@ def test_the_run_is_charged_its_busiest_stretch_not_the_search_around_it():
     assert steady_run(Clock()).result(images=100).metrics()["energy_j"] == pytest.approx(1650.0)  # no run_s
 
 
+def test_a_run_shorter_than_the_counters_steps_is_charged_the_busiest_seconds_average_power():
+    """NVML's counter moves in steps: a 50 ms run read alone could hold a whole 100 ms step (2x)."""
+    clock = Clock()
+    stepped = EnergyCounter("gpu0", lambda: 10.0 * int(clock.t / 0.1 + 1e-9))  # 100 W, a 10 J step per 0.1 s
+    meter = EnergyMeter(Sources([stepped]), clock=clock, interval_s=None).start()
+    for step in range(1, 101):
+        clock.t = step * 0.02
+        meter.sample()
+    meter.stop()
+    figures = meter.result(images=50, run_s=0.05).metrics()
+    assert figures["power_avg_w"] == pytest.approx(100.0, rel=0.15)
+    assert figures["energy_j"] == pytest.approx(5.0, rel=0.15)
+
+
 def test_an_excluded_stretch_is_cut_out_of_the_window_and_never_charged():
     result = steady_run(Clock(), exclude=(3.0, 5.0)).result(images=100, run_s=2.0)
     figures = result.metrics()

@@ -137,3 +137,20 @@ def test_regroup_applies_group_size_and_group_count(nine_core_gpu_machine: PoolS
     assert regroup(nine_core_gpu_machine, {}) is nine_core_gpu_machine
     explicit = load_pool("actors/cpu2.yaml")
     assert regroup(explicit, {"cpu_group_size": 2}) is explicit  # explicit pools keep their groups
+
+
+def test_a_fresh_gpu_executor_first_ends_the_idle_actor_holding_that_gpu(nine_core_gpu_machine: PoolSpec,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole GPU's actor and its partitions' actor both claim the GPU: switching between them
+    ends the idle one first (else the new actor waits for the GPU forever, as a tune did on the H100)."""
+    monkeypatch.setattr(pool_spec_module, "_local_sm_shares", lambda parts: [64])
+    killed: list = []
+    manager = _manager(nine_core_gpu_machine, killed, max_live_actors=64)
+    _, whole, _ = manager.acquire({}, {})
+    spec, parts, _ = manager.acquire({"gpu_partitions": 2}, {})
+    assert [e.name for e in spec.executors[:2]] == ["gpu0p0", "gpu0p1"] and spec.executors[0].sms == 64
+    assert killed == [whole[0]]  # the whole GPU's actor; the idle CPU groups stay
+    assert all(i[1] != "gpu" or i[0].startswith("gpu0p") for i in manager.live)
+    _, again, _ = manager.acquire({}, {})
+    assert set(killed[1:]) <= set(parts[:2]) and len(killed) >= 2 and again[0] not in (whole[0], *parts[:2])
+    assert again[1:] == whole[1:]  # the one-core groups were adopted back

@@ -118,8 +118,8 @@ def test_partitions_of_one_gpu_share_a_process_and_forward_calls_by_member():
 
 
 def test_auto_gpu_partitions_split_each_gpu_into_equal_sm_shares():
-    gpu_box = detect_executors(list(range(8)), 1, {"gpu_partitions": 2}, sm_counts=[132])
+    gpu_box = detect_executors(list(range(8)), 1, {"gpu_partitions": 2}, sm_shares=[64])
     gpus = [(e.name, e.sms, e.cores) for e in gpu_box if e.kind == "gpu"]
-    assert gpus == [("gpu0p0", 66, (0,)), ("gpu0p1", 66, (1,))]
+    assert gpus == [("gpu0p0", 64, (0,)), ("gpu0p1", 64, (1,))]
     with pytest.raises(UserError, match="SM count"):
         detect_executors(list(range(8)), 1, {"gpu_partitions": 2})

@@ -62,6 +62,24 @@ def test_declared_fake_gpu_is_taken_by_the_simulated_gpu_executor(ray_local):
         RayPool(two).start(ModelSpec("lenet"), workload)
 
 
+def test_an_executor_that_cannot_be_placed_ends_the_start_in_one_line(ray_local, monkeypatch):
+    """The GPU held by another pool's actor: the new pool's GPU actor cannot start; the start ends
+    with an error naming it instead of waiting forever."""
+    import autohet.pool.pools as pools
+
+    monkeypatch.setattr(pools, "ACTOR_START_TIMEOUT_S", 3.0)
+    workload = Workload.from_spec(WorkloadSpec(64, (1, 28, 28)))
+    holder = RayPool(load_pool("actors/sim_gpu.yaml"))
+    waiting = RayPool(PoolSpec("late", [ExecutorSpec("g9", "sim", needs_gpu=True, speed_ips=10.0)]))
+    try:
+        holder.start(ModelSpec("lenet"), workload)
+        with pytest.raises(UserError, match=r"executors g9 did not start within 3 s"):
+            waiting.start(ModelSpec("lenet"), workload)
+    finally:
+        waiting.shutdown()
+        holder.shutdown()
+
+
 def test_killed_executor_mid_run_work_is_redispatched(ray_local):
     spec = PoolSpec("sim3", [ExecutorSpec(f"s{i}", "sim", batch=10, speed_ips=4000.0) for i in range(3)])
     workload = Workload.from_spec(WorkloadSpec(3000, (1, 28, 28)))

@@ -17,7 +17,7 @@ from typing import Any
 
 from autohet.errors import UserError
 
-__all__ = ["Partition", "sm_partitions"]
+__all__ = ["Partition", "equal_share", "sm_partitions"]
 
 _SM = 1  # CU_DEV_RESOURCE_TYPE_SM
 _GREEN_CTX_DEFAULT_STREAM = 1
@@ -84,13 +84,7 @@ def sm_partitions(device: int, counts: tuple[int, ...] | list[int]) -> list[Part
             return _CACHE[key]
         if not torch.cuda.is_available():
             raise UserError(f"sms: needs a CUDA GPU and torch sees none; {_FIX}")
-        torch.cuda.init()
-        torch.empty(1, device=torch.device("cuda", device))  # the primary context the partitions derive from
-        lib = _driver()
-        dev = ctypes.c_int()
-        _call(lib, "cuDeviceGet", ctypes.byref(dev), device)
-        full = _Resource()
-        _call(lib, "cuDeviceGetDevResource", dev, ctypes.byref(full), _SM)
+        lib, dev, full = _device_sms(device)
         if sum(counts) > full.sm_count:
             raise UserError(f"GPU {device} has {full.sm_count} SMs; partitions of {list(counts)} SMs do not fit "
                             "(their sum must not exceed it)")
@@ -107,6 +101,46 @@ def sm_partitions(device: int, counts: tuple[int, ...] | list[int]) -> list[Part
         return out
 
 
+def _device_sms(device: int) -> tuple[Any, ctypes.c_int, _Resource]:
+    """(libcuda, the device handle, its whole SM resource)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UserError(f"sms: needs a CUDA GPU and torch sees none; {_FIX}")
+    torch.cuda.init()
+    torch.empty(1, device=torch.device("cuda", device))  # the primary context the partitions derive from
+    lib = _driver()
+    dev = ctypes.c_int()
+    _call(lib, "cuDeviceGet", ctypes.byref(dev), device)
+    full = _Resource()
+    _call(lib, "cuDeviceGetDevResource", dev, ctypes.byref(full), _SM)
+    return lib, dev, full
+
+
+def _groups_of(lib: Any, full: _Resource, parts: int, n: int) -> int:
+    """How many groups of ``n`` SMs one split of ``full`` makes, at most ``parts`` (a dry run)."""
+    made = ctypes.c_uint(parts)
+    _call(lib, "cuDevSmResourceSplitByCount", None, ctypes.byref(made), ctypes.byref(full), None, 0, n)
+    return made.value
+
+
+def _largest(lib: Any, full: _Resource, parts: int) -> int:
+    return next((n for n in range(full.sm_count // parts, 0, -1) if _groups_of(lib, full, parts, n) >= parts), 0)
+
+
+def equal_share(device: int, parts: int) -> int:
+    """The most SMs each of ``parts`` equal, disjoint partitions of GPU ``device`` can have. The
+    driver rounds a count up to its alignment, so an even share may not fit: an H100's 132 SMs
+    give two partitions of 64, not 66."""
+    with _LOCK:
+        lib, _, full = _device_sms(device)
+        share = _largest(lib, full, parts)
+    if share < 1:
+        raise UserError(f"GPU {device} ({full.sm_count} SMs) cannot be split into {parts} partitions; "
+                        "ask for fewer gpu_partitions")
+    return share
+
+
 def _split(lib: Any, full: _Resource, counts: tuple[int, ...], device: int) -> list[_Resource]:
     """Equal counts: one split into len(counts) groups; else one group at a time from what is left."""
     if len(set(counts)) == 1:
@@ -114,8 +148,10 @@ def _split(lib: Any, full: _Resource, counts: tuple[int, ...], device: int) -> l
         made = ctypes.c_uint(len(counts))
         _call(lib, "cuDevSmResourceSplitByCount", groups, ctypes.byref(made), ctypes.byref(full), None, 0, counts[0])
         if made.value < len(counts):
+            fits = _largest(lib, full, len(counts))
             raise UserError(f"GPU {device} ({full.sm_count} SMs) gives only {made.value} partitions of >= "
-                            f"{counts[0]} SMs; ask for fewer or smaller partitions")
+                            f"{counts[0]} SMs (the driver rounds counts up to its alignment); ask for sms: {fits} "
+                            f"each, the largest equal share of {len(counts)} here")
         return list(groups)
     out, source = [], full
     for n in counts:

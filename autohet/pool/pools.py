@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
+from autohet.errors import UserError
 from autohet.executors import Executor, ExecutorSpec, make_executor
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
@@ -13,6 +14,11 @@ from autohet.pool.worker import Worker
 from autohet.workload import Workload
 
 __all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
+
+
+# loading a model, its workload and (inductor) compiling takes seconds to minutes; an actor that
+# has not started after this long waits for resources it will not get
+ACTOR_START_TIMEOUT_S = 600.0
 
 
 def identity(spec: ExecutorSpec) -> tuple:
@@ -180,11 +186,13 @@ class RayPool(Pool):
         self.workload_ref = ray.put(workload)
         self.actors = [None] * len(self.spec.executors)
         fresh: list[Any] = []
+        fresh_names: list[str] = []
         for members in self.spec.partition_groups():  # partitions of one GPU: one process, adopted as a whole
             handles = [adopt.get(identity(self.spec.executors[i])) for i in members]
             if any(h is None for h in handles) or len({id(getattr(h, "actor", h)) for h in handles}) != 1:
                 handles = self._new_group([self.spec.executors[i] for i in members], model)
                 fresh += handles
+                fresh_names += [self.spec.executors[i].name for i in members]
             for i, handle in zip(members, handles, strict=True):
                 self.actors[i] = handle
         for i, spec in enumerate(self.spec.executors):
@@ -193,8 +201,16 @@ class RayPool(Pool):
                 if self.actors[i] is None:
                     self.actors[i] = self._new_actor(spec, model, "")
                     fresh.append(self.actors[i])
+                    fresh_names.append(spec.name)
+        refs = [a.load.remote(self.workload_ref) for a in fresh]
         with user_errors():
-            described = ray.get([a.load.remote(self.workload_ref) for a in fresh])
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=ACTOR_START_TIMEOUT_S)
+            if pending:
+                late = [n for n, r in zip(fresh_names, refs, strict=True) if r in pending]
+                raise UserError(f"executors {', '.join(late)} did not start within {ACTOR_START_TIMEOUT_S:.0f} s: "
+                                "Ray could not place them (their cores or GPU held by other actors; `ray status` "
+                                "shows the pending demand); end other Ray jobs on this machine or use a smaller pool")
+            described = ray.get(refs)
         self.adopted = len(self.actors) - len(fresh)
         self.started_for = (model, workload.images)
         return sum(d.get("compile_s", 0.0) for d in described)

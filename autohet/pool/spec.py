@@ -116,9 +116,10 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
 
 
 def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node: str | None = None,
-                     prefix: str = "", sm_counts: list[int] | None = None) -> list[ExecutorSpec]:
+                     prefix: str = "", sm_shares: list[int] | None = None) -> list[ExecutorSpec]:
     """One executor per GPU (with a feeding core), or ``gpu_partitions`` executors per GPU on disjoint
-    equal shares of its SMs (``sm_counts``: each GPU's SMs); the rest of the cores in CPU groups."""
+    equal shares of its SMs (``sm_shares``: each GPU's SMs per partition, ``green.equal_share``); the
+    rest of the cores in CPU groups."""
     group = settings.get("cpu_group_size", "auto")
     if group == "auto":
         group = GPU_BOX_GROUP if gpus else 1
@@ -130,7 +131,7 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node
     parts = settings.get("gpu_partitions", 1)
     if isinstance(parts, bool) or not isinstance(parts, int) or parts < 1:
         raise UserError(f"gpu_partitions must be a whole number >= 1, got {parts!r}")
-    if parts > 1 and gpus and (not sm_counts or len(sm_counts) < gpus):
+    if parts > 1 and gpus and (not sm_shares or len(sm_shares) < gpus):
         raise UserError("gpu_partitions needs each GPU's SM count (local GPUs only); set gpu_partitions: 1 on a "
                         "cluster, or list partitions with sms: in a pool file")
     out: list[ExecutorSpec] = []
@@ -138,7 +139,7 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node
         for k in range(parts):
             feed = (free.pop(0),) if settings.get("reserve_core_per_gpu", True) and len(free) > 1 else ()
             name = f"{prefix}gpu{g}" + (f"p{k}" if parts > 1 else "")
-            params = {**gpu_params, "sms": sm_counts[g] // parts if parts > 1 else gpu_params.get("sms")}
+            params = {**gpu_params, "sms": sm_shares[g] if parts > 1 else gpu_params.get("sms")}
             out.append(ExecutorSpec(name, "gpu", feed, g, node=node, **params))
     limit = settings.get("max_cpu_groups")
     for k, first in enumerate(range(0, len(free), group)):
@@ -155,10 +156,10 @@ def _local_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _local_sm_counts() -> list[int]:
-    import torch
+def _local_sm_shares(parts: int) -> list[int]:
+    from autohet.executors.green import equal_share
 
-    return [torch.cuda.get_device_properties(i).multi_processor_count for i in range(_local_gpus())]
+    return [equal_share(i, parts) for i in range(_local_gpus())]
 
 
 def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) -> PoolSpec:
@@ -195,7 +196,7 @@ def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) ->
             range(os.cpu_count() or 1))
         parts = settings.get("gpu_partitions", 1)
         execs = detect_executors(cores, _local_gpus(), settings,
-                                 sm_counts=_local_sm_counts() if parts not in (None, 1) else None)
+                                 sm_shares=_local_sm_shares(parts) if parts not in (None, 1) else None)
         return PoolSpec(raw.get("name", name), execs, where, auto=settings)
     items = raw["executors"]
     if not isinstance(items, list) or not items:

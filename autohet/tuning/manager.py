@@ -76,6 +76,7 @@ class PoolManager:
         compile_s = 0.0
         if key != self.key or self.pool is None:
             adopt = {i: self.live[i] for i in key if i in self.live}
+            self._free_gpus(set(key) - set(adopt))
             self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
             compile_s += self.pool.start(self.model, self.workload, adopt=adopt) or 0.0
             self.pool.owned = False  # its actors are the manager's to end
@@ -87,6 +88,21 @@ class PoolManager:
         self._evict(set(key))
         compile_s += self.pool.configure(exec_params) or 0.0
         return self.pool.spec, list(self.pool.actors), compile_s
+
+    def _free_gpus(self, fresh: set[tuple]) -> None:
+        """Ends the idle actors that hold a GPU a fresh executor needs. An idle CPU group claims no
+        Ray CPUs, but a GPU actor claims its GPU while alive: the whole GPU's actor and the actor of
+        its partitions cannot both exist, and a new one would wait for the GPU forever."""
+        wanted = {(i[4], i[3]) for i in fresh if i[1] == "gpu"}  # (node, gpu)
+        for ident in [i for i in self.live if i[1] == "gpu" and (i[4], i[3]) in wanted and i not in fresh]:
+            if ident not in self.live:  # ended with its group below
+                continue
+            actor = self.live.pop(ident)
+            self.kill(actor)
+            group = getattr(actor, "actor", None)  # a partition's group actor: its other members end with it
+            if group is not None:
+                for other in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
+                    self.live.pop(other)
 
     def _evict(self, current: set[tuple]) -> None:
         extra = len(self.live) - self.max_live_actors
