@@ -121,3 +121,16 @@ def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
     assert (fast["fast_split.unit"], fast["fast_split.w_s"], fast["fast_split.threshold"]) == ("batches", 2, 1)
     assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
     assert [p["single.executor"] for p in singles].count(1) == 1
+
+
+def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):
+    """Every first point names the auto pool's own dims (whole GPUs, its group size): left to the
+    sampler, gpu_partitions flipped the first trials' topology on the H100 and each flip restarted
+    the GPU's actor (acquire was 54% of a tune's wall time)."""
+    import autohet.pool.spec as pool_spec_module
+
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 1)
+    space = load_search_space("search_spaces")
+    points = initial_points(space, load_pool("actors/auto.yaml"))
+    assert points and all(p["pool.gpu_partitions"] == 1 and p["pool.cpu_group_size"] == 4 for p in points)

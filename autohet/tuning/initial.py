@@ -33,6 +33,8 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
             value = pool.auto.get(name)
             if name == "cpu_group_size" and value in (None, "auto"):  # what auto chose for this pool
                 value = GPU_BOX_GROUP if any(e.kind == "gpu" for e in pool.executors) else 1
+            if name == "gpu_partitions" and value is None:  # auto's default: whole GPUs. Left to the
+                value = 1  # sampler, the first points flipped topologies, each restarting the GPU's actor
             if dim.contains(value):
                 out[f"pool.{name}"] = value
     return out
