@@ -82,8 +82,6 @@ def sm_partitions(device: int, counts: tuple[int, ...] | list[int]) -> list[Part
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
-        if not torch.cuda.is_available():
-            raise UserError(f"sms: needs a CUDA GPU and torch sees none; {_FIX}")
         lib, dev, full = _device_sms(device)
         if sum(counts) > full.sm_count:
             raise UserError(f"GPU {device} has {full.sm_count} SMs; partitions of {list(counts)} SMs do not fit "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, NamedTuple
 
 from autohet.errors import UserError
 from autohet.executors import Executor, ExecutorSpec, make_executor
@@ -13,7 +13,7 @@ from autohet.pool.spec import PoolSpec
 from autohet.pool.worker import Worker
 from autohet.workload import Workload
 
-__all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
+__all__ = ["Identity", "LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
 
 
 # loading a model, its workload and (inductor) compiling takes seconds to minutes; an actor that
@@ -21,10 +21,19 @@ __all__ = ["LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
 ACTOR_START_TIMEOUT_S = 600.0
 
 
-def identity(spec: ExecutorSpec) -> tuple:
-    """What makes two executors the same worker (name, kind, cores, GPU, node): an actor of one
-    serves the other after ``configure`` (batch and precision are per run)."""
-    return (spec.name, spec.kind, spec.cores, spec.gpu, spec.node)
+class Identity(NamedTuple):
+    """What makes two executors the same worker: an actor of one serves the other after
+    ``configure`` (batch and precision are per run)."""
+
+    name: str
+    kind: str
+    cores: tuple[int, ...]
+    gpu: int | None
+    node: str | None
+
+
+def identity(spec: ExecutorSpec) -> Identity:
+    return Identity(spec.name, spec.kind, spec.cores, spec.gpu, spec.node)
 
 
 class Pool(ABC):

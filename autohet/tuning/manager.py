@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autohet.models import ModelSpec
-from autohet.pool import PoolSpec, RayPool, StandaloneCache, identity, load_pool
+from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
 from autohet.workload import Workload, WorkloadSpec
 
@@ -89,20 +89,24 @@ class PoolManager:
         compile_s += self.pool.configure(exec_params) or 0.0
         return self.pool.spec, list(self.pool.actors), compile_s
 
-    def _free_gpus(self, fresh: set[tuple]) -> None:
+    def _free_gpus(self, fresh: set[Identity]) -> None:
         """Ends the idle actors that hold a GPU a fresh executor needs. An idle CPU group claims no
         Ray CPUs, but a GPU actor claims its GPU while alive: the whole GPU's actor and the actor of
         its partitions cannot both exist, and a new one would wait for the GPU forever."""
-        wanted = {(i[4], i[3]) for i in fresh if i[1] == "gpu"}  # (node, gpu)
-        for ident in [i for i in self.live if i[1] == "gpu" and (i[4], i[3]) in wanted and i not in fresh]:
-            if ident not in self.live:  # ended with its group below
-                continue
-            actor = self.live.pop(ident)
-            self.kill(actor)
-            group = getattr(actor, "actor", None)  # a partition's group actor: its other members end with it
-            if group is not None:
-                for other in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
-                    self.live.pop(other)
+        wanted = {(i.node, i.gpu) for i in fresh if i.kind == "gpu"}
+        for ident in [i for i in self.live if i.kind == "gpu" and (i.node, i.gpu) in wanted and i not in fresh]:
+            self._end(ident)
+
+    def _end(self, ident: Identity) -> None:
+        """Ends a live executor's actor; a partition's group actor takes its other members with it."""
+        actor = self.live.pop(ident, None)
+        if actor is None:  # already ended with its group
+            return
+        self.kill(actor)
+        group = getattr(actor, "actor", None)
+        if group is not None:
+            for other in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
+                self.live.pop(other)
 
     def _evict(self, current: set[tuple]) -> None:
         extra = len(self.live) - self.max_live_actors
@@ -116,13 +120,7 @@ class PoolManager:
         if self.pool is None or not indices:
             return
         for i in indices:
-            actor = self.live.pop(identity(self.pool.spec.executors[i]), None)
-            if actor is not None:
-                self.kill(actor)
-                group = getattr(actor, "actor", None)  # a partition's group actor: its other members died too
-                if group is not None:
-                    for ident in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
-                        self.live.pop(ident)
+            self._end(identity(self.pool.spec.executors[i]))
         self.actors_replaced += len(indices)
         self.pool, self.key = None, None
 
