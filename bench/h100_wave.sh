@@ -1,10 +1,10 @@
 #!/bin/sh
 # The architecture wave's GPU figures (issues 11-15), one section per device call:
-#   sh bench/h100_wave.sh SECTION       SECTION: split | issue11 | energy | engine | pipeline | peers
+#   sh bench/h100_wave.sh SECTION       SECTION: probe | split | issue11 | energy | engine | pipeline | peers
 # Each item runs under its own timeout so a slow or failing one leaves the next its time; logs and
 # JSON go to $OUT (at most 8 files come back: the section's files are packed into one tarball).
-# Wheels (ray, optuna, mlflow) must be installed under /root/site for every section but split and
-# engine, which run on the in-process engine alone (so they fit the call that stages the first part).
+# Wheels (ray, optuna, mlflow) must be installed under /root/site for every section but probe, split
+# and engine, which run on the in-process engine alone (so they fit the call that stages the first part).
 export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; W=$OUT/$1; mkdir -p "$W"
@@ -20,16 +20,21 @@ case "$1" in
       log "split $m 8-SM partition"; t timeout 150 python3 -m bench.split --models $m --throughput-batch 16 \
         --throughput-frames $frames --runs 3 --sms 8 --out "$W/split_${m}_sms8.json" > "$W/split_${m}_sms8.log" 2>&1
     done ;;
+  probe)
+    for n in 64 8; do
+      log "green-context partitions, layer by layer, $n SMs"; t timeout 100 python3 -m bench.green_probe --sms $n \
+        --seconds 1.5 > "$W/probe_sms$n.log" 2>&1; tail -1 "$W/probe_sms$n.log"
+    done ;;
   issue11)
     stop_ray
+    log "two green-context partitions under fast_split"
+    t timeout 150 python3 -m bench.partitions --models resnet18 --out "$W/partitions.json" > "$W/partitions.log" 2>&1
+    tail -15 "$W/partitions.log"; stop_ray
     log "profile resnet18 (auto pool)"; t timeout 150 python3 -m autohet.cli profile --model resnet18 > "$W/profile.log" 2>&1
     tail -12 "$W/profile.log"; stop_ray
     log "tune resnet18 --time-budget 240 (auto pool)"
     t timeout 360 python3 -m autohet.cli tune --model resnet18 --time-budget 240 > "$W/tune.log" 2>&1
-    tail -30 "$W/tune.log"; cp runs/resnet18/best.yaml "$W/tune_best.yaml" 2>/dev/null; stop_ray
-    log "two green-context partitions under fast_split"
-    t timeout 150 python3 -m bench.partitions --models resnet18 --out "$W/partitions.json" > "$W/partitions.log" 2>&1
-    tail -15 "$W/partitions.log" ;;
+    tail -30 "$W/tune.log"; cp runs/resnet18/best.yaml "$W/tune_best.yaml" 2>/dev/null; stop_ray ;;
   energy)
     stop_ray
     log "tune resnet18 --objective throughput,energy --trials 20"
@@ -37,7 +42,7 @@ case "$1" in
       --time-budget 330 --experiment resnet18-energy > "$W/tune.log" 2>&1
     tail -40 "$W/tune.log"; stop_ray
     log "export the two ends of the Pareto front and rerun each"
-    t timeout 90 python3 -m bench.front_rerun --experiment resnet18-energy --out "$W/front_rerun.json" \
+    t timeout 170 python3 -m bench.front_rerun --experiment resnet18-energy --out "$W/front_rerun.json" \
       > "$W/front_rerun.log" 2>&1; tail -12 "$W/front_rerun.log"; stop_ray ;;
   engine)
     log "placement resnet18,vgg16 on the engine"
@@ -55,9 +60,10 @@ case "$1" in
   peers)
     stop_ray
     log "peers: eager, torch.compile, CUDA graph, autohet tuned (throughput and batch-1 latency)"
-    t timeout 560 python3 -m bench.peers --models ${PEERS_MODELS:-resnet18,vgg16} --max-mode "" --time-budget 75 \
-      --latency --work /tmp/peers --out "$W/peers.json" > "$W/peers.log" 2>&1
+    # PEERS_LATENCY=--latency adds each model's batch-1 latency tune
+    t timeout 560 python3 -m bench.peers --models ${PEERS_MODELS:-resnet18,vgg16} --max-mode "" \
+      --time-budget ${PEERS_BUDGET:-150} ${PEERS_LATENCY:-} --work /tmp/peers --out "$W/peers.json" > "$W/peers.log" 2>&1
     tail -12 "$W/peers.log"; cp /tmp/peers/*.log "$W/" 2>/dev/null ;;
-  *) echo "unknown section '$1': split, issue11, energy, engine, pipeline or peers"; exit 2 ;;
+  *) echo "unknown section '$1': probe, split, issue11, energy, engine, pipeline or peers"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

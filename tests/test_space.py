@@ -121,6 +121,9 @@ def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
     assert (fast["fast_split.unit"], fast["fast_split.w_s"], fast["fast_split.threshold"]) == ("batches", 2, 1)
     assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
     assert [p["single.executor"] for p in singles].count(1) == 1
+    # right after the GPU at its defaults: torch.compile (inductor), then CUDA graphs, then the batches
+    assert [p.get("exec.gpu.backend") for p in singles[1:3]] == ["inductor", "cudagraphs"]
+    assert singles[3]["exec.gpu.backend"] == singles[0]["exec.gpu.backend"]
 
 
 def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from autohet.commands._common import add_model_args, add_pool_args, make_pool, model_spec, table
 from autohet.errors import UserError
@@ -48,8 +49,10 @@ def main(args: argparse.Namespace) -> int:
     results: dict[str, dict[int, float]] = {name: {} for name in pool.names}
     classes = len({executor_class(e) for e in spec.executors})
 
+    began = time.perf_counter()
+
     def say(text: str) -> None:
-        print(f"autohet: profile: {text}", file=sys.stderr, flush=True)
+        print(f"autohet: profile: [{time.perf_counter() - began:5.1f} s] {text}", file=sys.stderr, flush=True)
 
     try:
         say(f"starting {len(pool)} executors ({classes} distinct)")
@@ -60,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
                                                 progress=lambda text, b=b: say(f"batch {b}: {text}"))
             for name, ips in zip(pool.names, figures, strict=True):
                 results[name][b] = ips
+        say("measured; stopping the executors")
     finally:
         pool.shutdown()
     devices = {e.name: e.device for e in pool.spec.executors}

@@ -63,5 +63,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nbest: {b['strategy']} {b['params']} -> {outcome.best_path}")
         print(f"rerun: autohet run --config {outcome.best_path}")
         return 0
-    print("\nno valid trial: nothing exported (see the invalid trials' errors in MLflow: autohet ui)")
+    if outcome.trials_done == 0:
+        print(f"\nno trial finished within --time-budget {settings.time_budget_s:g} s: nothing exported; "
+              "raise --time-budget (the set-up before the first trial is part of it)")
+    else:
+        print("\nno valid trial: nothing exported (see the invalid trials' errors in MLflow: autohet ui)")
     return 4

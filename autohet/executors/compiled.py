@@ -115,7 +115,9 @@ class GraphedCall:
                 fn(*self.static_in)
         stream.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(self.graph, stream=stream):
+        # thread_local: another thread's CUDA calls during the capture (a partition next to this one
+        # autotuning cuDNN, a CPU device waiting on an event) neither fail nor invalidate it
+        with torch.inference_mode(), torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
             self.static_out = fn(*self.static_in)
 
     def __call__(self, *inputs: torch.Tensor) -> Any:

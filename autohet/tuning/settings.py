@@ -26,7 +26,7 @@ class TuneSettings:
     images: int | str = "auto"
     target_trial_seconds: float = 3.0
     min_images: int = 32
-    max_images: int = 20000
+    max_images: int = 100000
     check_images: int = 16
     standalone_seconds: float = 0.5
     search_spaces: str = "search_spaces"

@@ -218,7 +218,12 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
                 points_to_evaluate=None if resume else initial_points(space, pool_spec, space_ctx),
                 sampler=sampler, study_name=experiment, storage=storage, seed=settings.seed)
             # the budget covers the whole command: set-up so far, and about 15 s to export at the end
-            budget = max(10.0, settings.time_budget_s - (time.time() - started) - 15.0)
+            left = settings.time_budget_s - (time.time() - started) - 15.0
+            if left < 30.0:
+                print(f"autohet: note: the set-up took {time.time() - started:.0f} s of --time-budget "
+                      f"{settings.time_budget_s:g} s, leaving {max(left, 0.0):.0f} s for trials; raise --time-budget",
+                      file=sys.stderr)
+            budget = max(10.0, left)
             trainable = tune.with_resources(tune.with_parameters(tune_entry, setup=setup), {"cpu": 0.01})
             tuner = tune.Tuner(
                 trainable,
