@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from autohet.errors import UserError
+from autohet.executors.gpu import DTYPES, use_tf32
 from autohet.pool.worker import Worker
 
 __all__ = ["DTYPES", "HOST", "CpuDevice", "Device", "GpuDevice", "HostDevice", "Value"]
 
 HOST = "host"  # where a program's inputs start and its output must end: this process's memory
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclass
@@ -170,11 +170,7 @@ class GpuDevice(Device):
 
     def _setup(self) -> None:
         torch.cuda.set_device(self.torch_device)
-        # cuDNN convolutions default to TF32 on Ampere and later: fp32 must switch it off (on the H100
-        # vgg16's split and whole-GPU runs differed from the fp32 reference by 2.7e-4, over fp32's tolerance)
-        tf32 = self.precision == "tf32"
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
+        use_tf32(self.precision)
         torch.backends.cudnn.benchmark = True
         self.stream = self._stream_factory() if self._stream_factory else torch.cuda.Stream(self.torch_device)
 
