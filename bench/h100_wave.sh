@@ -1,10 +1,12 @@
 #!/bin/sh
 # The architecture wave's GPU figures (issues 11-15), one section per device call:
-#   sh bench/h100_wave.sh SECTION       SECTION: probe | split | issue11 | energy | engine | pipeline | peers
+#   sh bench/h100_wave.sh SECTION       SECTION: probe | split | issue11 | energy | engine | pipeline | peers |
+#                                                latency_single | pipeline_inproc
 # Each item runs under its own timeout so a slow or failing one leaves the next its time; logs and
 # JSON go to $OUT (at most 8 files come back: the section's files are packed into one tarball).
-# Wheels (ray, optuna, mlflow) must be installed under /root/site for every section but probe, split
-# and engine, which run on the in-process engine alone (so they fit the call that stages the first part).
+# Wheels (ray, optuna, mlflow) must be installed under /root/site for every section but probe, split,
+# engine, latency_single and pipeline_inproc, which run in-process alone (so they fit the call that
+# stages the first part).
 export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}; W=$OUT/$1; mkdir -p "$W"
@@ -60,10 +62,36 @@ case "$1" in
   peers)
     stop_ray
     log "peers: eager, torch.compile, CUDA graph, autohet tuned (throughput and batch-1 latency)"
-    # PEERS_LATENCY=--latency adds each model's batch-1 latency tune
-    t timeout 560 python3 -m bench.peers --models ${PEERS_MODELS:-resnet18,vgg16} --max-mode "" \
-      --time-budget ${PEERS_BUDGET:-150} ${PEERS_LATENCY:-} --work /tmp/peers --out "$W/peers.json" > "$W/peers.log" 2>&1
-    tail -12 "$W/peers.log"; cp /tmp/peers/*.log "$W/" 2>/dev/null ;;
-  *) echo "unknown section '$1': probe, split, issue11, energy, engine, pipeline or peers"; exit 2 ;;
+    # PEERS_LATENCY=--latency adds each model's batch-1 latency tune, --latency-only makes it the only one
+    work=/tmp/peers-$(date +%s)
+    t timeout ${PEERS_TIMEOUT:-560} python3 -m bench.peers --models ${PEERS_MODELS:-resnet18,vgg16} --max-mode "" \
+      --time-budget ${PEERS_BUDGET:-150} ${PEERS_LATENCY:-} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
+    tail -12 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null ;;
+  latency_single)
+    log "GPU-marked tests of the engine and executors"
+    if python3 -c "import pytest" 2>/dev/null; then
+      t timeout 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine_jobs.py tests/test_executors.py \
+        > "$W/gpu_tests.log" 2>&1; tail -3 "$W/gpu_tests.log"
+    else echo "no pytest on this machine"; fi
+    log "batch-1 latency: autohet single (in-process, served on the GPU's thread) per backend, then the peers"
+    for b in cudagraphs inductor; do
+      printf 'executors:\n  - {name: gpu0, kind: gpu, cores: [0], precision: fp16, channels_last: true, backend: %s}\n' \
+        $b > /tmp/gpu_$b.yaml
+      for m in $(echo ${LAT_MODELS:-resnet18,vgg16,mobilenet_v2,efficientnet_b0} | tr , ' '); do
+        timeout 150 python3 -m autohet.cli run --model $m --strategy single --objective latency --in-process \
+          --pool /tmp/gpu_$b.yaml --json > "$W/latency_${b}_$m.json" 2> "$W/latency_${b}_$m.log"
+        python3 -c 'import json,sys; m=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(sys.argv[2], sys.argv[3], round(m["latency_ms"]["p50"], 4), "ms p50, output ok:", m["output_ok"], m["extra"].get("served"))' \
+          "$W/latency_${b}_$m.json" $b $m 2>&1 | tail -1
+      done
+    done
+    t timeout 200 python3 -m bench.peers --latency-only --no-tune --models ${LAT_MODELS:-resnet18,vgg16,mobilenet_v2,efficientnet_b0} \
+      --out "$W/peers_latency.json" > "$W/peers_latency.log" 2>&1; tail -7 "$W/peers_latency.log" ;;
+  pipeline_inproc)
+    log "pipeline vs data-parallel vs single (in-process), whole GPU and an ${PIPE_SMS:-8}-SM partition"
+    t timeout ${PIPE_TIMEOUT:-500} python3 -m bench.pipeline --in-process --models ${PIPE_MODELS:-resnet18,mobilenet_v2} \
+      --sms ${PIPE_SMS:-8} --out "$W/pipeline.json" > "$W/pipeline.log" 2>&1
+    tail -40 "$W/pipeline.log" ;;
+  *) echo "unknown section '$1': probe, split, issue11, energy, engine, pipeline, peers, latency_single or pipeline_inproc"
+     exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

@@ -85,7 +85,8 @@ def graphed(model: Any, example: torch.Tensor) -> Any:
     return run
 
 
-def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | None) -> dict[str, Any]:
+def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | None,
+          latency_only: bool = False) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[precision] if device.type == "cuda" else torch.float32
     layout = torch.channels_last
@@ -99,8 +100,12 @@ def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | Non
     out_host = out_host.pin_memory() if device.type == "cuda" else out_host
     row: dict[str, Any] = {"model": name, "batch": batch, "precision": precision if device.type == "cuda" else "fp32"}
     with torch.inference_mode():
-        row["eager_ips"] = host_to_host(model, x_host, out_host, device, iters)
         row["eager_b1_ms"] = latency_ms(model, one_host, device)
+        if latency_only:
+            if device.type == "cuda":
+                row["graph_b1_ms"] = latency_ms(graphed(model, one_host.to(device)), one_host, device)
+            return row
+        row["eager_ips"] = host_to_host(model, x_host, out_host, device, iters)
         example = x_host.to(device)
         compiled, row["compile_s"] = compile_module(model, "default", example)
         row["compile_ips"] = host_to_host(compiled, x_host, out_host, device, iters)
@@ -118,8 +123,17 @@ def autohet(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedP
                           timeout=timeout)
 
 
-def tuned(name: str, work: Path, budget: float, pool: str, latency: bool) -> dict[str, Any]:
+def tuned(name: str, work: Path, budget: float, pool: str, latency: bool, throughput: bool = True) -> dict[str, Any]:
     """A fresh tune (throughput, and latency when asked), the exported config rerun."""
+    out: dict[str, Any] = {}
+    if throughput:
+        out.update(tuned_throughput(name, work, budget, pool))
+    if latency:
+        out.update(tuned_latency(name, work, budget, pool))
+    return out
+
+
+def tuned_throughput(name: str, work: Path, budget: float, pool: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     exp = f"peers-{name}"
     proc = autohet(["tune", "--model", name, "--pool", pool, "--time-budget", str(budget), "--experiment", exp],
@@ -136,16 +150,29 @@ def tuned(name: str, work: Path, budget: float, pool: str, latency: bool) -> dic
                    autohet_config=str(best.relative_to(work)))
     breakdown = [line for line in proc.stderr.splitlines() if "trials in" in line]
     out["tune_breakdown"] = breakdown[-1] if breakdown else ""
-    if latency:
-        lexp = f"peers-{name}-latency"
-        proc = autohet(["tune", "--model", name, "--pool", pool, "--objective", "latency", "--time-budget",
-                        str(budget), "--experiment", lexp], work, budget + 600)
-        (work / f"{lexp}.log").write_text(proc.stdout + proc.stderr)
-        best = work / "runs" / lexp / "best.yaml"
-        if best.is_file():
-            import yaml
+    return out
 
-            out["autohet_b1_ms"] = yaml.safe_load(best.read_text())["measured"]["latency_ms"]["p50"]
+
+def tuned_latency(name: str, work: Path, budget: float, pool: str) -> dict[str, Any]:
+    """A fresh batch-1 latency tune; its best trial's p50 (and that config rerun, its p50 too)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    exp = f"peers-{name}-latency"
+    proc = autohet(["tune", "--model", name, "--pool", pool, "--objective", "latency", "--time-budget",
+                    str(budget), "--experiment", exp], work, budget + 600)
+    (work / f"{exp}.log").write_text(proc.stdout + proc.stderr)
+    best = work / "runs" / exp / "best.yaml"
+    if not best.is_file():
+        out["autohet_latency_error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        return out
+    config = yaml.safe_load(best.read_text())
+    out["autohet_b1_ms"] = config["measured"]["latency_ms"]["p50"]
+    out["autohet_latency_strategy"] = config.get("strategy")
+    rerun = autohet(["run", "--config", str(best), "--json"], work, 900)
+    if rerun.returncode == 0:
+        m = json.loads(rerun.stdout.strip().splitlines()[-1])
+        out["autohet_b1_rerun_ms"] = m.get("latency_ms", {}).get("p50")
     return out
 
 
@@ -160,6 +187,8 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=120.0, help="seconds for each autohet tune")
     parser.add_argument("--pool", default=str(REPO / "actors" / "auto.yaml"))
     parser.add_argument("--latency", action="store_true", help="also tune batch-1 latency")
+    parser.add_argument("--latency-only", action="store_true",
+                        help="batch-1 latency alone: the eager and graph peers and autohet's latency tune")
     parser.add_argument("--no-tune", action="store_true", help="peers only")
     parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
     parser.add_argument("--smoke", action="store_true")
@@ -176,20 +205,22 @@ def main() -> None:
             (work / folder).symlink_to(REPO / folder)
     rows = []
     for name in args.models.split(","):
-        row = peers(name, args.batch, args.precision, args.iters, args.max_mode or None)
+        row = peers(name, args.batch, args.precision, args.iters, args.max_mode or None, args.latency_only)
         if not args.no_tune:
-            row.update(tuned(name, work, args.time_budget, args.pool, args.latency))
-        best_peer = max(v for k, v in row.items() if k.endswith("_ips") and k != "autohet_ips")
-        row["best_peer_ips"] = best_peer
+            row.update(tuned(name, work, args.time_budget, args.pool, args.latency or args.latency_only,
+                             throughput=not args.latency_only))
+        peer_ips = [v for k, v in row.items() if k.endswith("_ips") and k != "autohet_ips"]
+        if peer_ips:
+            row["best_peer_ips"] = max(peer_ips)
         if "autohet_ips" in row:
-            row["autohet_over_best_peer"] = row["autohet_ips"] / best_peer
+            row["autohet_over_best_peer"] = row["autohet_ips"] / row["best_peer_ips"]
         if "autohet_b1_ms" in row and "graph_b1_ms" in row:
             row["autohet_b1_over_graph"] = row["autohet_b1_ms"] / row["graph_b1_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     emit("peers", rows, ["model", "eager_ips", "compile_ips", "compile_max_ips", "graph_ips", "autohet_ips",
-                         "autohet_over_best_peer", "graph_b1_ms", "autohet_b1_ms", "autohet_b1_over_graph",
-                         "autohet_strategy"], args.out)
+                         "autohet_over_best_peer", "graph_b1_ms", "autohet_b1_ms", "autohet_b1_rerun_ms",
+                         "autohet_b1_over_graph", "autohet_strategy", "autohet_latency_strategy"], args.out)
 
 
 if __name__ == "__main__":

@@ -57,3 +57,84 @@ def test_the_engine_actor_is_stopped_past_the_deadline_and_the_next_job_gets_a_f
     with pytest.raises(RunTimeout, match="pipeline did not finish within 1 s .its engine was stopped"):
         run_job(SleepingJob(300.0), SPECS, on_ray=True, deadline_s=1.0, what="pipeline")
     assert run_job(SleepingJob(0.0), SPECS, on_ray=True, deadline_s=120.0)["devices"] == ["cpu0", "host"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("precision", "graph"), [("fp32", True), ("fp16", True), ("fp16", False)])
+def test_served_requests_give_the_engine_paths_outputs(precision: str, graph: bool) -> None:
+    """The lean batch-1 path (one copy in, one replay or eager call, one wait) computes what the
+    engine's step-by-step program computes."""
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from autohet.engine import (
+        Engine,
+        GpuDevice,
+        Step,
+        device_module,
+        request_latencies,
+        served_request_latencies,
+        with_transfers,
+    )
+    from autohet.models import build_model
+
+    images = np.random.default_rng(0).standard_normal((6, 1, 28, 28)).astype(np.float32)
+    engine = Engine([GpuDevice("g", 0, precision, channels_last=True)])
+    try:
+        dev = engine["g"]
+        fn = device_module(build_model("lenet"), dev)
+        times, outs, holds = served_request_latencies(dev, fn, list(images), graph=graph)
+        program = with_transfers([Step("m", "g", ("x",), ("y",), fn)], ("x",), "y", engine.devices)
+        _, ref = request_latencies(engine, program, list(images))
+    finally:
+        engine.close()
+    assert holds.startswith("cuda graph") == graph and len(times) == 6 and min(times) > 0
+    assert outs.shape == ref.shape == (6, 10) and outs.dtype == np.float32
+    tol = (1e-3 if precision == "fp32" else 1e-2) * float(np.max(np.abs(ref)))
+    assert float(np.max(np.abs(outs - ref))) <= tol
+
+
+def test_served_requests_on_a_cpu_device_match_the_engine_path() -> None:
+    import numpy as np
+
+    from autohet.engine import (
+        CpuDevice,
+        Engine,
+        Step,
+        device_module,
+        request_latencies,
+        served_request_latencies,
+        with_transfers,
+    )
+    from autohet.models import build_model
+
+    images = np.random.default_rng(1).standard_normal((5, 1, 28, 28)).astype(np.float32)
+    engine = Engine([CpuDevice("c", (0,))])
+    try:
+        fn = device_module(build_model("lenet"), engine["c"])
+        times, outs, how = served_request_latencies(engine["c"], fn, list(images))
+        program = with_transfers([Step("m", "c", ("x",), ("y",), fn)], ("x",), "y", engine.devices)
+        _, ref = request_latencies(engine, program, list(images))
+    finally:
+        engine.close()
+    assert how == "direct" and len(times) == 5 and min(times) > 0
+    np.testing.assert_allclose(outs, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_pinned_host_pins_a_bank_in_place_only_where_a_gpu_can_and_undoes_it() -> None:
+    import numpy as np
+    import torch
+
+    from autohet.engine import pinned_host
+
+    bank = np.zeros((8, 3, 4, 4), dtype=np.float32)
+    with pinned_host(bank) as pinned:
+        assert pinned == torch.cuda.is_available()
+        assert torch.from_numpy(bank[2:5]).is_pinned() == pinned  # views of it are pinned too
+    if torch.cuda.is_available():
+        assert not torch.from_numpy(bank).is_pinned()
+        bank.flags.writeable = False  # how the Ray object store hands workloads out
+        with pinned_host(bank) as pinned:
+            assert pinned and torch.from_numpy(bank).is_pinned()

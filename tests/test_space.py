@@ -137,3 +137,21 @@ def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):
     space = load_search_space("search_spaces")
     points = initial_points(space, load_pool("actors/auto.yaml"))
     assert points and all(p["pool.gpu_partitions"] == 1 and p["pool.cpu_group_size"] == 4 for p in points)
+
+
+def test_a_latency_space_drops_batch_and_its_first_points_try_cuda_graphs_first():
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import PoolSpec
+
+    space = load_search_space("search_spaces").restrict(None, "latency")
+    assert all("batch" not in dims for dims in space.executors.values())
+    assert "precision" in space.executors["gpu"]
+    mixed = PoolSpec("mixed", [ExecutorSpec("gpu0", "gpu", (0,), gpu=0, batch=256, precision="fp16"),
+                               ExecutorSpec("cpu0", "cpu", (1,), batch=16)])
+    points = initial_points(space, mixed, mode="latency")
+    singles = [p for p in points if p["strategy"] == "single"]
+    # the GPU alone as a CUDA graph first (every first point's GPU is one), then the other backends
+    assert [p.get("exec.gpu.backend") for p in singles[:3]] == ["cudagraphs", "inductor", "eager"]
+    assert all(p["exec.gpu.backend"] == "cudagraphs" for p in points if p["strategy"] != "single")
+    assert not any("exec.gpu.batch" in p for p in singles)
+    assert "batch" in load_search_space("search_spaces").restrict(None, "throughput").executors["gpu"]

@@ -11,10 +11,18 @@ from __future__ import annotations
 from autohet.engine.devices import DTYPES, HOST, CpuDevice, Device, GpuDevice, Value
 from autohet.engine.jobs import EngineActor, EngineJob, build_engine, device_for, run_job
 from autohet.engine.program import Engine, FrameStream, Program, Step, StepTime, move, with_transfers
-from autohet.engine.runs import device_module, request_latencies, stream_frames, whole_model_program
+from autohet.engine.runs import (
+    device_module,
+    pinned_host,
+    request_latencies,
+    served_request_latencies,
+    stream_frames,
+    whole_model_program,
+)
 
 __all__ = [
     "DTYPES", "HOST", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream", "GpuDevice",
-    "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module", "move",
-    "request_latencies", "run_job", "stream_frames", "whole_model_program", "with_transfers",
+    "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module", "move", "pinned_host",
+    "request_latencies", "run_job", "served_request_latencies", "stream_frames", "whole_model_program",
+    "with_transfers",
 ]

@@ -1,6 +1,7 @@
 """Batch-1 latency of the whole model on one executor: the single-device baseline of every
-latency strategy, run on the same in-process engine and timed the same way (host input to host
-output), with the executor's backend: eager, a CUDA graph, or inductor."""
+latency strategy, timed like them from host input to host output, with the executor's backend
+(eager, a CUDA graph, or inductor) and served on the device's own thread, as a user's serving
+loop would be (no step of a request crosses threads)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from autohet.engine import EngineJob, Step, device_module, request_latencies, with_transfers
-from autohet.executors.compiled import compile_module, graph_call
+from autohet.engine import EngineJob, device_module, served_request_latencies
+from autohet.executors.compiled import compile_module
 from autohet.measurement import ExecutorReport, Measurement
 from autohet.models import ModelSpec, build_model
 from autohet.strategies._inprocess import run_on_engine
@@ -25,7 +26,10 @@ __all__ = ["SingleLatencyJob", "latency_on_executor"]
 
 
 class SingleLatencyJob(EngineJob):
-    """The whole model on one device with its executor's backend, batch-1 requests timed one by one."""
+    """The whole model on one device with its executor's backend, batch-1 requests timed one by one,
+    served on the device's own thread (``served_request_latencies``): a GPU with ``cudagraphs`` (or
+    ``inductor``, its compiled kernels captured) runs each request as one graph replay, as the
+    CUDA-graph peer a user would write does."""
 
     def __init__(self, model: ModelSpec, images: np.ndarray, spec: ExecutorSpec) -> None:
         self.model, self.images, self.spec = model, images, spec
@@ -33,16 +37,16 @@ class SingleLatencyJob(EngineJob):
     def run(self, engine: Engine) -> dict[str, Any]:
         dev = engine[self.spec.name]
         fn = device_module(build_model(self.model), dev)
-        example = torch.as_tensor(self.images[0])[None].to(dev.torch_device, dev.dtype)
         compile_s = 0.0
-        if self.spec.backend == "cudagraphs" and dev.kind == "gpu":
-            fn = dev.call(lambda: graph_call(fn, [example], dev.stream))
-        elif self.spec.backend == "inductor":
+        if self.spec.backend == "inductor":
+            example = torch.as_tensor(self.images[0])[None].to(dev.torch_device, dev.dtype)
             fn, compile_s = dev.call(lambda: compile_module(fn, self.spec.inductor_mode, example))
-        program = with_transfers([Step(f"model@{dev.name}", dev.name, ("x",), ("y",), fn)], ("x",), "y",
-                                 engine.devices)
-        times, outputs = request_latencies(engine, program, list(self.images))
-        return {"times_s": times, "outputs": outputs, "backend": self.spec.backend, "compile_s": compile_s}
+        # inductor's kernels captured in a CUDA graph too (torch.compile's "reduce-overhead" idea): at
+        # batch 1 a GPU is launch-bound, and fused kernels shorten the graph itself
+        graph = self.spec.backend in ("cudagraphs", "inductor") and dev.kind == "gpu"
+        times, outputs, served = served_request_latencies(dev, fn, list(self.images), graph=graph)
+        return {"times_s": times, "outputs": outputs, "backend": self.spec.backend, "served": served,
+                "compile_s": compile_s}
 
 
 def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: str,
@@ -56,5 +60,5 @@ def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: st
                               float(sum(times)) if k == executor else 0.0, 0.0, s.kind == "sim")
                for k, s in enumerate(pool.spec.executors)]
     m = ctx.latency_measurement(pool, strategy, params, times, out["outputs"], reports, spec.precision)
-    m.extra.update(backend=out["backend"], compile_s=out["compile_s"])
+    m.extra.update(backend=out["backend"], served=out["served"], compile_s=out["compile_s"])
     return m

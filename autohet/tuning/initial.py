@@ -17,7 +17,8 @@ from autohet.tuning.space import SearchSpace
 
 __all__ = ["initial_points"]
 
-_BACKEND_FIRST = {"inductor": 0, "cudagraphs": 1}
+# the compiled backends first; at batch 1 a CUDA graph is what a user would run instead
+_BACKEND_FIRST = {"throughput": {"inductor": 0, "cudagraphs": 1}, "latency": {"cudagraphs": 0, "inductor": 1}}
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
@@ -42,10 +43,16 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
     return out
 
 
-def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None) -> list[dict[str, Any]]:
+def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
+                   mode: str = "throughput") -> list[dict[str, Any]]:
     """Single per executor kind and size (GPUs at each backend, then batch choice), then every strategy
-    at its pool-suited defaults (values outside the space are left to the sampler)."""
+    at its pool-suited defaults (values outside the space are left to the sampler). ``mode``: the
+    objective's (latency tries CUDA graphs before inductor)."""
+    first = _BACKEND_FIRST.get(mode, _BACKEND_FIRST["throughput"])
     defaults = _exec_defaults(space, pool)
+    backend = space.executors.get("gpu", {}).get("backend")
+    if mode == "latency" and backend is not None and backend.contains("cudagraphs"):
+        defaults["exec.gpu.backend"] = "cudagraphs"  # every first point's GPU: batch 1 is launch-bound
     points: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(pool.executors):
@@ -56,14 +63,14 @@ def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None 
         points.append(base)
         if e.kind != "gpu":
             continue
-        # one at a time from the defaults (a handful of points, not a grid); the compiled backends first,
-        # inductor before CUDA graphs: torch.compile is what a user would run instead, and a short
-        # tune (mobilenet_v2, 5 trials on the H100 box) ran out of time before reaching it
+        # one at a time from the defaults (a handful of points, not a grid); the compiled backends first
+        # (for throughput inductor, then CUDA graphs: torch.compile is what a user would run instead,
+        # and a short tune, mobilenet_v2 with 5 trials on the H100 box, ran out of time before reaching it)
         for name in ("backend", "batch"):
             dim = space.executors.get("gpu", {}).get(name)
             values = list((dim.values() if dim is not None else None) or [])
             if name == "backend":
-                values.sort(key=lambda v: _BACKEND_FIRST.get(v, len(_BACKEND_FIRST)))
+                values.sort(key=lambda v: first.get(v, len(first)))
             points += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
     for name, dims in space.strategies.items():
         if name == "single":

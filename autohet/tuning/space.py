@@ -104,7 +104,9 @@ class SearchSpace:
     pool: dict[str, Dim]
 
     def restrict(self, names: list[str] | None, mode: str) -> SearchSpace:
-        """Only ``names`` (plus ``single``, always) among strategies that serve runs of ``mode``."""
+        """Only ``names`` (plus ``single``, always) among strategies that serve runs of ``mode``; for
+        latency, without the executors' batch (requests are batch 1: trials varying it measure the
+        same thing)."""
         valid = [n for n in self.strategies if mode in get_strategy(n).modes or n == "single"]
         if names:
             unknown = [n for n in names if n not in self.strategies]
@@ -116,7 +118,9 @@ class SearchSpace:
                 raise UserError(f"--strategies: {wrong[0]!r} does not serve {mode} runs; "
                                 f"valid for them: {', '.join(valid)}")
             valid = [n for n in valid if n in names or n == "single"]
-        return SearchSpace({n: self.strategies[n] for n in valid}, self.executors, self.pool)
+        executors = self.executors if mode != "latency" else {
+            kind: {p: d for p, d in dims.items() if p != "batch"} for kind, dims in self.executors.items()}
+        return SearchSpace({n: self.strategies[n] for n in valid}, executors, self.pool)
 
     def for_machine(self) -> tuple[SearchSpace, list[str]]:
         """The space without executor values this machine cannot run well (``executors.compiled.

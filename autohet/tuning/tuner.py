@@ -152,11 +152,15 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         limit: float | None = None
         if resume:
             images = int(state["images"])
+        elif objectives.mode == "latency" and settings.images == "auto":
+            # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
+            # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
+            images = max(settings.min_images, settings.latency_runs)
         elif settings.images == "auto":
             images, limit = _calibrate_images(manager, settings)
         else:
             images = int(settings.images)
-        if limit is None and settings.trial_timeout_s == "auto":
+        if limit is None and settings.trial_timeout_s == "auto" and objectives.mode != "latency":
             limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
         deadline_s = settings.trial_timeout(images, limit or 0.0)
         workload = Workload(bank.bank, images)
@@ -215,7 +219,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             searcher = OptunaSearch(
                 DefineByRun(space, space_ctx), metric=metric, mode=mode,
                 # the first points were enqueued in the study by the first run; a resume finds the rest there
-                points_to_evaluate=None if resume else initial_points(space, pool_spec, space_ctx),
+                points_to_evaluate=None if resume else initial_points(space, pool_spec, space_ctx, objectives.mode),
                 sampler=sampler, study_name=experiment, storage=storage, seed=settings.seed)
             # the budget covers the whole command: set-up so far, and about 15 s to export at the end
             left = settings.time_budget_s - (time.time() - started) - 15.0

@@ -100,6 +100,15 @@ class PipelineJob(EngineJob):
         self.model, self.workload, self.devices, self.params = model, workload, devices, params
 
     def run(self, engine: Engine) -> dict[str, Any]:
+        """Every measurement reads pinned host frames where a GPU is in the engine (``pinned_host``), so
+        the stages alone and the pipelined run move frames the same way."""
+        from autohet.engine import pinned_host
+
+        with pinned_host(self.workload.bank) as pinned:
+            out = self._run(engine, pinned)
+        return {**out, "pinned_frames": pinned}
+
+    def _run(self, engine: Engine, pinned: bool) -> dict[str, Any]:
         from autohet.engine import stream_frames
         from autohet.engine.blocks import measure_links
         from autohet.planners import table_transfer
@@ -122,7 +131,8 @@ class PipelineJob(EngineJob):
         program = programs.program(plan.assignment(names))
         shapes = value_shapes(graph)
         depth = params["depth"] or len(plan.stages) + 1
-        measured = {k: measure_stage(engine, alone, shapes, params["runs"], depth)  # as many in flight as the run
+        # each stage alone with as many frames in flight as the run
+        measured = {k: measure_stage(engine, alone, shapes, params["runs"], depth, pinned)
                     for k, alone in enumerate(stage_programs(engine, program, plan, names, boundary_values(graph)))}
         loads: dict[str, float] = defaultdict(float)
         for k, stage in enumerate(plan.stages):
@@ -205,17 +215,20 @@ def stage_programs(engine: Engine, program: Program, plan: StagePlan, names: lis
 
 
 def measure_stage(engine: Engine, program: Program, shapes: dict[str, tuple[int, ...]], runs: int,
-                  depth: int = 2) -> dict[str, float]:
+                  depth: int = 2, pinned: bool = False) -> dict[str, float]:
     """One stage alone with its queue kept full (``depth`` frames in flight, as in the pipeline):
     ``frame_s``, the seconds per frame it cannot beat inside the pipeline (``steady_frame_seconds``),
     and medians of its compute and its moves in and out from ``runs`` frames timed step by step
-    (a separate pass: timing a GPU step synchronises its stream)."""
+    (a separate pass: timing a GPU step synchronises its stream). ``pinned``: the inputs in pinned
+    memory, as the run's frames are when their bank could be pinned."""
     import torch
 
     from autohet.engine import HOST
 
     gen = torch.Generator().manual_seed(0)
     feeds = {v: torch.randn(shapes[v], generator=gen) for v in program.inputs}
+    if pinned:  # as the run's frames (``pinned_host``): a GPU's move in is a DMA
+        feeds = {v: t.pin_memory() for v, t in feeds.items()}
 
     def stream(frames: int, timings: list[Any] | None = None) -> float:
         pending: list[Any] = []  # FrameStream's loop, with step timings when asked
