@@ -148,14 +148,7 @@ def served_request_latencies(device: Device, fn: Callable[[torch.Tensor], Any], 
         def serve_host() -> tuple[list[float], np.ndarray, str]:
             with torch.inference_mode():
                 rows = [torch.from_numpy(np.ascontiguousarray(r))[None] for r in images]
-                for i in range(warmup):
-                    fn(rows[i % len(rows)])
-                times, outs = [], []
-                for x in rows:
-                    t0 = time.perf_counter()
-                    outs.append(fn(x).float().numpy().copy())
-                    times.append(time.perf_counter() - t0)
-            return times, np.concatenate(outs), "direct"
+                return (*_time_each(lambda x: fn(x).float().numpy().copy(), rows, warmup), "direct")
         return device.call(serve_host)
 
     def serve() -> tuple[list[float], np.ndarray, str]:
@@ -201,13 +194,19 @@ def served_request_latencies(device: Device, fn: Callable[[torch.Tensor], Any], 
                 stream.synchronize()
                 return out_host.numpy().copy()
 
-            for i in range(warmup):
-                one(requests[i % len(requests)])
-            times, outs = [], []
-            for x in requests:
-                t0 = time.perf_counter()
-                outs.append(one(x))
-                times.append(time.perf_counter() - t0)
-        return times, np.concatenate(outs), holds
+            return (*_time_each(one, requests, warmup), holds)
 
     return device.call(serve)
+
+
+def _time_each(one: Callable[[Any], np.ndarray], requests: Sequence[Any], warmup: int
+               ) -> tuple[list[float], np.ndarray]:
+    """``one`` on each request after ``warmup`` untimed ones: (seconds each, outputs joined)."""
+    for i in range(warmup):
+        one(requests[i % len(requests)])
+    times, outs = [], []
+    for x in requests:
+        t0 = time.perf_counter()
+        outs.append(one(x))
+        times.append(time.perf_counter() - t0)
+    return times, np.concatenate(outs)
