@@ -67,11 +67,12 @@ def _interrupted(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autohet.ray_runtime import handle_signals
+    from autohet.ray_runtime import dump_stacks_later, handle_signals
 
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = handle_signals()
+    dump_stacks_later()  # AUTOHET_STACK_DUMP_S: in-process runs too, not only once Ray is up
     try:
         return int(args.func(args) or 0)
     except UserError as exc:

@@ -47,8 +47,8 @@ def ray_temp_dir() -> str:
 
 def dump_stacks_later() -> None:
     """For a hang: with ``AUTOHET_STACK_DUMP_S=N`` set, every thread's stack goes to stderr every N
-    seconds, in the driver and (as Ray's worker setup hook) in every Ray worker, whose stderr is its
-    ``worker-*.err`` log under the session's logs."""
+    seconds, in the command's process (from its start) and (as Ray's worker setup hook) in every Ray
+    worker, whose stderr is its ``worker-*.err`` log under the session's logs."""
     seconds = float(os.environ.get("AUTOHET_STACK_DUMP_S") or 0)
     if seconds > 0:
         import faulthandler

@@ -10,8 +10,11 @@ channels_last, fp32 outputs back in pinned host memory, one stream, synchronised
 - ``autohet``: a fresh ``autohet tune`` of the model (``--time-budget``), its exported config rerun
   with ``autohet run --config`` (throughput); and a latency tune's best batch-1 p50 (``--latency``).
 
-Batch-1 latency peers: eager and CUDA graph, input on the host, output back on the host.
-Ratios printed: autohet / best peer (throughput), autohet / graph (latency, lower is better).
+Batch-1 latency peers, input on the host, output back on the host: eager, the CUDA graph in the
+run's precision and in fp32 (for some models fp32 is the faster graph), and ``torch.compile(mode=
+"reduce-overhead")`` (inductor's kernels in CUDA graphs, the strongest a user gets from one line;
+``--no-b1-compile`` skips it). Ratios printed: autohet / best peer (throughput), autohet / graph
+and autohet / the best latency peer (lower is better).
 
     python -m bench.peers --models resnet18,vgg16,mobilenet_v2,efficientnet_b0 --time-budget 120   # GPU box
     python -m bench.peers --smoke                                                                  # CPU: lenet
@@ -85,8 +88,25 @@ def graphed(model: Any, example: torch.Tensor) -> Any:
     return run
 
 
+def latency_peers(name: str, model: Any, one_host: torch.Tensor, device: torch.device, b1_compile: bool
+                  ) -> dict[str, Any]:
+    """The batch-1 peers beyond the graph in the run's precision: the graph in fp32 and, with
+    ``b1_compile``, torch.compile's reduce-overhead mode (compiled for the one shape, then timed)."""
+    out: dict[str, Any] = {}
+    try:  # a peer that fails says so in the row; the run goes on to the tune
+        fp32 = build_model(name).to(device).to(memory_format=torch.channels_last).eval()
+        one32 = one_host.float().contiguous(memory_format=torch.channels_last).pin_memory()
+        out["graph_b1_fp32_ms"] = latency_ms(graphed(fp32, one32.to(device)), one32, device)
+        if b1_compile:
+            compiled, out["compile_graph_b1_compile_s"] = compile_module(model, "reduce-overhead", one_host.to(device))
+            out["compile_graph_b1_ms"] = latency_ms(compiled, one_host, device)
+    except Exception as exc:  # noqa: BLE001 - any failure of a peer is reported, not raised
+        out["latency_peer_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    return out
+
+
 def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | None,
-          latency_only: bool = False) -> dict[str, Any]:
+          latency_only: bool = False, b1_compile: bool = True) -> dict[str, Any]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[precision] if device.type == "cuda" else torch.float32
     layout = torch.channels_last
@@ -104,6 +124,7 @@ def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | Non
         if latency_only:
             if device.type == "cuda":
                 row["graph_b1_ms"] = latency_ms(graphed(model, one_host.to(device)), one_host, device)
+                row.update(latency_peers(name, model, one_host, device, b1_compile))
             return row
         row["eager_ips"] = host_to_host(model, x_host, out_host, device, iters)
         example = x_host.to(device)
@@ -115,6 +136,7 @@ def peers(name: str, batch: int, precision: str, iters: int, max_mode: str | Non
         if device.type == "cuda":
             row["graph_ips"] = host_to_host(graphed(model, example), x_host, out_host, device, iters)
             row["graph_b1_ms"] = latency_ms(graphed(model, one_host.to(device)), one_host, device)
+            row.update(latency_peers(name, model, one_host, device, b1_compile))
     return row
 
 
@@ -190,6 +212,7 @@ def main() -> None:
     parser.add_argument("--latency-only", action="store_true",
                         help="batch-1 latency alone: the eager and graph peers and autohet's latency tune")
     parser.add_argument("--no-tune", action="store_true", help="peers only")
+    parser.add_argument("--no-b1-compile", action="store_true", help="skip the reduce-overhead batch-1 peer")
     parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--out")
@@ -205,7 +228,8 @@ def main() -> None:
             (work / folder).symlink_to(REPO / folder)
     rows = []
     for name in args.models.split(","):
-        row = peers(name, args.batch, args.precision, args.iters, args.max_mode or None, args.latency_only)
+        row = peers(name, args.batch, args.precision, args.iters, args.max_mode or None, args.latency_only,
+                    not args.no_b1_compile)
         if not args.no_tune:
             row.update(tuned(name, work, args.time_budget, args.pool, args.latency or args.latency_only,
                              throughput=not args.latency_only))
@@ -214,13 +238,18 @@ def main() -> None:
             row["best_peer_ips"] = max(peer_ips)
         if "autohet_ips" in row:
             row["autohet_over_best_peer"] = row["autohet_ips"] / row["best_peer_ips"]
+        b1_peers = [v for k, v in row.items() if k in ("graph_b1_ms", "graph_b1_fp32_ms", "compile_graph_b1_ms")]
+        if b1_peers:
+            row["best_b1_peer_ms"] = min(b1_peers)
         if "autohet_b1_ms" in row and "graph_b1_ms" in row:
             row["autohet_b1_over_graph"] = row["autohet_b1_ms"] / row["graph_b1_ms"]
+            row["autohet_b1_over_best_b1_peer"] = row["autohet_b1_ms"] / row["best_b1_peer_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     emit("peers", rows, ["model", "eager_ips", "compile_ips", "compile_max_ips", "graph_ips", "autohet_ips",
-                         "autohet_over_best_peer", "graph_b1_ms", "autohet_b1_ms", "autohet_b1_rerun_ms",
-                         "autohet_b1_over_graph", "autohet_strategy", "autohet_latency_strategy"], args.out)
+                         "autohet_over_best_peer", "graph_b1_ms", "graph_b1_fp32_ms", "compile_graph_b1_ms",
+                         "autohet_b1_ms", "autohet_b1_rerun_ms", "autohet_b1_over_graph",
+                         "autohet_b1_over_best_b1_peer", "autohet_strategy", "autohet_latency_strategy"], args.out)
 
 
 if __name__ == "__main__":

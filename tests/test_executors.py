@@ -181,14 +181,20 @@ def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):
     assert "efficiency" not in metrics and "limit_ips" not in metrics and metrics["latency_p50_ms"] > 0
 
 
-def test_cpu_inductor_executor_matches_the_reference(lenet_workload):
-    """torch.compile on the CPU (lenet: the compile fits CI), partial batches padded to the compiled shape."""
-    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32, backend="inductor"), ModelSpec("lenet"))
-    ex.load(lenet_workload)
-    assert ex.describe()["compile_s"] > 0
-    with torch.inference_mode():
-        ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(5, 45))).numpy()
-    out = ex.run(5, 45).outputs  # one full batch and a partial one
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cpu_inductor_executor_matches_the_reference_and_compiles_once(lenet_workload, channels_last):
+    """torch.compile on the CPU (lenet: the compile fits CI), partial batches padded to the compiled
+    shape. Compiled once: an input that differs from the compile's example in a guarded property
+    (inference-mode flag, layout of a padded batch) compiled every model a second time."""
+    torch._dynamo.reset()
+    spec = ExecutorSpec("c", "cpu", (0,), batch=32, backend="inductor", channels_last=channels_last)
+    ex = make_executor(spec, ModelSpec("lenet"))
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        ex.load(lenet_workload)  # its warm-up runs a padded partial batch
+        assert ex.describe()["compile_s"] > 0
+        with torch.inference_mode():
+            ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(5, 45))).numpy()
+        out = ex.run(5, 45).outputs  # one full batch and a partial one
     assert np.max(np.abs(out - ref)) <= 1e-3 * np.max(np.abs(ref))
     ex.configure({"batch": 32})  # unchanged: nothing compiled again
     assert ex.describe()["compile_s"] == 0.0

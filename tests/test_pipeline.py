@@ -216,7 +216,7 @@ def test_the_planned_pipeline_reports_its_stages_bound_and_baselines():
     assert set(m.extra["single_ips"]) == {"cpu0", "cpu1"} and m.extra["best_single"]["ips"] > 0
     assert m.extra["speedup_vs_best_single"] > 0
     assert {"host->cpu0", "cpu0->cpu1"} <= set(m.extra["links"])
-    assert m.params["batch"] == 48 and m.params["depth"] == len(stages) + 1  # 384 images / (4 x 2 devices)
+    assert m.params["batch"] == 48 and m.params["depth"] == 2 * len(stages) + 2  # 384 images / (4 x 2 devices)
     assert m.params["cuts"] is None  # the planner's cut is in extra; the config stays start=greedy
     assert sum(e.images for e in m.executors) == 384 * len(stages)
     frames = 384 // 48  # the timeline: one unit per frame on each stage's device, frames in order

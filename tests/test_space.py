@@ -139,7 +139,7 @@ def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):
     assert points and all(p["pool.gpu_partitions"] == 1 and p["pool.cpu_group_size"] == 4 for p in points)
 
 
-def test_a_latency_space_drops_batch_and_its_first_points_try_cuda_graphs_first():
+def test_a_latency_space_drops_batch_and_its_first_points_try_compiled_graphs_first():
     from autohet.executors import ExecutorSpec
     from autohet.pool import PoolSpec
 
@@ -150,8 +150,9 @@ def test_a_latency_space_drops_batch_and_its_first_points_try_cuda_graphs_first(
                                ExecutorSpec("cpu0", "cpu", (1,), batch=16)])
     points = initial_points(space, mixed, mode="latency")
     singles = [p for p in points if p["strategy"] == "single"]
-    # the GPU alone as a CUDA graph first (every first point's GPU is one), then the other backends
-    assert [p.get("exec.gpu.backend") for p in singles[:3]] == ["cudagraphs", "inductor", "eager"]
+    # the GPU alone compiled and captured first, then as a plain CUDA graph (every other first point's
+    # GPU is one), then eager
+    assert [p.get("exec.gpu.backend") for p in singles[:3]] == ["inductor", "cudagraphs", "eager"]
     assert all(p["exec.gpu.backend"] == "cudagraphs" for p in points if p["strategy"] != "single")
     assert not any("exec.gpu.batch" in p for p in singles)
     assert "batch" in load_search_space("search_spaces").restrict(None, "throughput").executors["gpu"]

@@ -14,6 +14,7 @@ from autohet.engine.program import Engine, FrameStream, Program, Step, StepTime,
 from autohet.engine.runs import (
     device_module,
     pinned_host,
+    request_example,
     request_latencies,
     served_request_latencies,
     stream_frames,
@@ -23,6 +24,6 @@ from autohet.engine.runs import (
 __all__ = [
     "DTYPES", "HOST", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream", "GpuDevice",
     "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module", "move", "pinned_host",
-    "request_latencies", "run_job", "served_request_latencies", "stream_frames", "whole_model_program",
-    "with_transfers",
+    "request_example", "request_latencies", "run_job", "served_request_latencies", "stream_frames",
+    "whole_model_program", "with_transfers",
 ]

@@ -119,13 +119,17 @@ def move(value: Value, src: Device, dst: Device, worker: Device) -> Value:
     if src.kind != "gpu" and dst.kind != "gpu":
         t = src.accept(value) if value.event is not None else value.tensor
         return Value(t, dst.name)
-    if src.kind != "gpu":  # host/CPU -> GPU, issued on the GPU's stream from pinned memory
+    if src.kind != "gpu":  # host/CPU -> GPU from pinned memory, on the GPU's copy stream
         t = value.tensor
         if value.event is not None:
             value.event.synchronize()
-        with torch.cuda.stream(dst.stream):
+        with torch.cuda.stream(dst.copy_stream):
             pinned = t if t.is_pinned() else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
-            return dst.publish(pinned.to(dst.torch_device, non_blocking=True))
+            moved = pinned.to(dst.torch_device, non_blocking=True)
+            ready = torch.cuda.Event()
+            ready.record(dst.copy_stream)
+        moved.record_stream(dst.stream)  # its memory is not reused before the compute that reads it is done
+        return Value(moved, dst.name, ready)
     t = src.accept(value)
     with torch.cuda.stream(src.stream):
         if dst.kind != "gpu":  # GPU -> host/CPU: into pinned memory, ready when the event fires
@@ -199,8 +203,10 @@ class Engine:
         inputs = [f.result()[k] for f, k in sources]
         started = time.perf_counter()
         if worker.kind == "gpu" and timings is not None:
+            moving_in = step.kind == "transfer" and self.devices[inputs[0].device].kind != "gpu"
+            timed_on = worker.copy_stream if moving_in else worker.stream  # the stream that carries the step
             begin = torch.cuda.Event(enable_timing=True)
-            begin.record(worker.stream)
+            begin.record(timed_on)
         if step.kind == "transfer":
             src = self.devices[inputs[0].device]
             value = inputs[0]
@@ -224,7 +230,7 @@ class Engine:
         if timings is not None:
             if worker.kind == "gpu":
                 end = torch.cuda.Event(enable_timing=True)
-                end.record(worker.stream)
+                end.record(timed_on)
                 end.synchronize()
                 seconds = begin.elapsed_time(end) / 1e3
             else:

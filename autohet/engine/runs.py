@@ -20,8 +20,8 @@ from autohet.engine.devices import Device
 from autohet.engine.program import Engine, FrameStream, Program, Step, with_transfers
 from autohet.executors.compiled import graph_call
 
-__all__ = ["device_module", "pinned_host", "request_latencies", "served_request_latencies", "stream_frames",
-           "whole_model_program"]
+__all__ = ["device_module", "pinned_host", "request_example", "request_latencies", "served_request_latencies",
+           "stream_frames", "whole_model_program"]
 
 
 def device_module(module: torch.nn.Module, device: Device) -> Callable[[torch.Tensor], Any]:
@@ -38,6 +38,21 @@ def device_module(module: torch.nn.Module, device: Device) -> Callable[[torch.Te
         return moved(x)
 
     return run
+
+
+def _in_layout(x: torch.Tensor, device: Device) -> torch.Tensor:
+    return x.contiguous(memory_format=torch.channels_last) if device.channels_last and x.dim() == 4 else x
+
+
+def request_example(device: Device, image: np.ndarray) -> torch.Tensor:
+    """A batch-1 request as ``served_request_latencies`` feeds it to the model: on the device, in its
+    dtype and layout, a plain (not inference-mode) tensor. ``torch.compile`` guards on all of these:
+    a model compiled on another form compiles again on the first request (efficientnet_b0 on the
+    2-core box: a second compile for the inference-mode flag alone)."""
+    x = torch.as_tensor(np.ascontiguousarray(image))[None]
+    if device.kind == "gpu":
+        x = x.to(device.torch_device, device.dtype)
+    return _in_layout(x, device)
 
 
 def whole_model_program(engine: Engine, module: torch.nn.Module, device: str, example: torch.Tensor,
@@ -146,20 +161,16 @@ def served_request_latencies(device: Device, fn: Callable[[torch.Tensor], Any], 
     served without, and says so), one wait."""
     if device.kind != "gpu":
         def serve_host() -> tuple[list[float], np.ndarray, str]:
+            rows = [request_example(device, r) for r in images]  # in the form a compiled model was compiled on
             with torch.inference_mode():
-                rows = [torch.from_numpy(np.ascontiguousarray(r))[None] for r in images]
                 return (*_time_each(lambda x: fn(x).float().numpy().copy(), rows, warmup), "direct")
         return device.call(serve_host)
 
     def serve() -> tuple[list[float], np.ndarray, str]:
-        layout = torch.channels_last if device.channels_last else torch.contiguous_format
-        bank = torch.stack([torch.as_tensor(r) for r in images]).to(device.dtype)
-        if bank.dim() == 4:
-            bank = bank.contiguous(memory_format=layout)
-        bank = bank.pin_memory()
+        bank = _in_layout(torch.stack([torch.as_tensor(r) for r in images]).to(device.dtype), device).pin_memory()
         requests = [bank[i : i + 1] for i in range(bank.shape[0])]
         stream = device.stream
-        static_in = torch.empty_like(requests[0], device=device.torch_device)
+        static_in = request_example(device, images[0])
         with torch.cuda.stream(stream), torch.inference_mode():
             static_in.copy_(requests[0])
             for _ in range(warmup):  # cuDNN picks its algorithms here, not inside a capture

@@ -82,11 +82,14 @@ class CpuExecutor(Executor):
     def reconfigure(self) -> None:
         self._activate()
 
-    def _input(self, start: int, n: int) -> torch.Tensor:
+    def _input(self, start: int, n: int, pad_to: int = 0) -> torch.Tensor:
+        """Rows ``start..start+n`` in the executor's dtype and layout, zero rows up to ``pad_to``."""
         assert self.workload is not None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays from the object store
             x = torch.from_numpy(self.workload.rows(start, n))
+        if pad_to > n:  # before the layout: a padded channels_last batch compiled the model a second time
+            x = torch.cat([x, x.new_zeros((pad_to - n, *x.shape[1:]))])
         if self.dtype != torch.float32:
             x = x.to(self.dtype)
         if self.spec.channels_last:
@@ -100,12 +103,12 @@ class CpuExecutor(Executor):
         chunks = []
         batch = self.spec.batch
         compiled = self.spec.backend == "inductor"
-        with torch.inference_mode():
-            for offset in range(0, size, batch):
-                n = min(batch, size - offset)
-                x = self._input(start + offset, n)
-                if compiled and n < batch:  # one compiled shape: partial batches run padded
-                    x = torch.cat([x, x.new_zeros((batch - n, *x.shape[1:]))])
+        for offset in range(0, size, batch):
+            n = min(batch, size - offset)
+            # the input made outside inference mode, as the model was compiled on: torch.compile guards on
+            # the flag, and an inference-mode input compiled every model a second time at its warm-up
+            x = self._input(start + offset, n, batch if compiled else 0)  # one compiled shape: partial batches padded
+            with torch.inference_mode():
                 chunks.append(self.model(x)[:n].float().numpy())
         outputs = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
         return UnitResult(outputs, time.perf_counter() - t0)

@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from autohet.engine import EngineJob, device_module, served_request_latencies
+from autohet.engine import EngineJob, device_module, request_example, served_request_latencies
 from autohet.executors.compiled import compile_module
 from autohet.measurement import ExecutorReport, Measurement
 from autohet.models import ModelSpec, build_model
@@ -38,8 +37,8 @@ class SingleLatencyJob(EngineJob):
         dev = engine[self.spec.name]
         fn = device_module(build_model(self.model), dev)
         compile_s = 0.0
-        if self.spec.backend == "inductor":
-            example = torch.as_tensor(self.images[0])[None].to(dev.torch_device, dev.dtype)
+        if self.spec.backend == "inductor":  # compiled on a request as it will be served (no recompile)
+            example = request_example(dev, self.images[0])
             fn, compile_s = dev.call(lambda: compile_module(fn, self.spec.inductor_mode, example))
         # inductor's kernels captured in a CUDA graph too (torch.compile's "reduce-overhead" idea): at
         # batch 1 a GPU is launch-bound, and fused kernels shorten the graph itself

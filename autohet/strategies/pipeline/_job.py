@@ -25,7 +25,14 @@ from autohet.planners.stages import (
     boundary_values,
     plan_stages,
 )
-from autohet.strategies.pipeline._plan import StagePrograms, given_stage_plan, model_graph, stage_rows, value_shapes
+from autohet.strategies.pipeline._plan import (
+    StagePrograms,
+    default_depth,
+    given_stage_plan,
+    model_graph,
+    stage_rows,
+    value_shapes,
+)
 
 if TYPE_CHECKING:
     from autohet.engine import Engine, Program
@@ -130,7 +137,7 @@ class PipelineJob(EngineJob):
             plan = plan_stages(problem)
         program = programs.program(plan.assignment(names))
         shapes = value_shapes(graph)
-        depth = params["depth"] or len(plan.stages) + 1
+        depth = params["depth"] or default_depth(len(plan.stages))
         # each stage alone with as many frames in flight as the run
         measured = {k: measure_stage(engine, alone, shapes, params["runs"], depth, pinned)
                     for k, alone in enumerate(stage_programs(engine, program, plan, names, boundary_values(graph)))}

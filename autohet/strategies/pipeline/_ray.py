@@ -19,7 +19,14 @@ import numpy as np
 
 from autohet.errors import UserError
 from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
-from autohet.strategies.pipeline._plan import StagePrograms, given_stage_plan, model_graph, sub_graph, value_shapes
+from autohet.strategies.pipeline._plan import (
+    StagePrograms,
+    default_depth,
+    given_stage_plan,
+    model_graph,
+    sub_graph,
+    value_shapes,
+)
 
 if TYPE_CHECKING:
     from autohet.executors import ExecutorSpec
@@ -255,7 +262,7 @@ def run_on_nodes(specs: list[ExecutorSpec], model: ModelSpec, workload: Workload
         loads: dict[str, float] = {}
         for k, stage in enumerate(plan.stages):
             loads[stage.device] = loads.get(stage.device, 0.0) + figures[k]["frame_s"]
-        depth = params["depth"] or len(plan.stages) + 1
+        depth = params["depth"] or default_depth(len(plan.stages))
         wall, outputs = _stream(chain, workload, workload.images, batch, depth)
         ray.get([a.stage_compute.remote() for a in chain])
         shared = ray.put(workload)

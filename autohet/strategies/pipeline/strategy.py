@@ -68,7 +68,7 @@ class PipelineStrategy(Strategy):
         "batch": IntParam("batch", None, low=1, high=4096,
                           help="images per frame (default: the chosen executors' smallest batch, at most "
                                "images / (4 x devices))"),
-        "depth": IntParam("depth", None, low=1, high=64, help="frames in flight (default: stages + 1)"),
+        "depth": IntParam("depth", None, low=1, high=64, help="frames in flight (default: 2 x stages + 2)"),
         "graphs": BoolParam("graphs", True, help="run GPU stages as CUDA graphs (captured once per stage)"),
         "runs": IntParam("runs", 3, low=1, high=100, help="timed frames per block and per stage measurement"),
         "devices": DEVICES,
