@@ -48,7 +48,9 @@ def ray_temp_dir() -> str:
 def dump_stacks_later() -> None:
     """For a hang: with ``AUTOHET_STACK_DUMP_S=N`` set, every thread's stack goes to stderr every N
     seconds, in the command's process (from its start) and (as Ray's worker setup hook) in every Ray
-    worker, whose stderr is its ``worker-*.err`` log under the session's logs."""
+    worker, whose stderr is its ``worker-*.err`` log under the session's logs. For diagnosis only:
+    faulthandler reads other threads' frames without the GIL, and on the H100 box a dump taken while
+    torch.compile was tracing ended the process with a segmentation fault."""
     seconds = float(os.environ.get("AUTOHET_STACK_DUMP_S") or 0)
     if seconds > 0:
         import faulthandler

@@ -47,8 +47,7 @@ def _in_layout(x: torch.Tensor, device: Device) -> torch.Tensor:
 def request_example(device: Device, image: np.ndarray) -> torch.Tensor:
     """A batch-1 request as ``served_request_latencies`` feeds it to the model: on the device, in its
     dtype and layout, a plain (not inference-mode) tensor. ``torch.compile`` guards on all of these:
-    a model compiled on another form compiles again on the first request (efficientnet_b0 on the
-    2-core box: a second compile for the inference-mode flag alone)."""
+    a model compiled on another form compiles again on the first request."""
     x = torch.as_tensor(np.ascontiguousarray(image))[None]
     if device.kind == "gpu":
         x = x.to(device.torch_device, device.dtype)
