@@ -138,3 +138,24 @@ def test_pinned_host_pins_a_bank_in_place_only_where_a_gpu_can_and_undoes_it() -
         bank.flags.writeable = False  # how the Ray object store hands workloads out
         with pinned_host(bank) as pinned:
             assert pinned and torch.from_numpy(bank).is_pinned()
+
+
+def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_actor(ray_local) -> None:
+    """Ray: the end of a tune asks its manager with a bound (``answer_or_none``), so a manager stuck in
+    an executor's set-up (a compile cannot be interrupted) does not hold the command past its budget."""
+    import ray
+
+    from autohet.tuning.tuner import answer_or_none
+
+    @ray.remote(num_cpus=0)
+    class Slow:
+        def stats(self, seconds: float) -> dict[str, int]:
+            import time
+
+            time.sleep(seconds)
+            return {"topologies_started": 1}
+
+    actor = Slow.remote()
+    assert answer_or_none(actor.stats.remote(0.0), 60.0) == {"topologies_started": 1}
+    assert answer_or_none(actor.stats.remote(120.0), 0.5) is None  # busy far longer than the bound
+    ray.kill(actor)

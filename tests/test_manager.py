@@ -154,3 +154,14 @@ def test_a_fresh_gpu_executor_first_ends_the_idle_actor_holding_that_gpu(nine_co
     _, again, _ = manager.acquire({}, {})
     assert set(killed[1:]) <= set(parts[:2]) and len(killed) >= 2 and again[0] not in (whole[0], *parts[:2])
     assert again[1:] == whole[1:]  # the one-core groups were adopted back
+
+
+def test_the_end_of_a_tune_reports_a_busy_manager_without_waiting_for_it() -> None:
+    """No Ray: a breakdown without the manager's counts says why (the last trial's set-up was ended)."""
+    from autohet.objectives import ObjectiveSet
+    from autohet.tuning.progress import Progress
+
+    progress = Progress(3, ObjectiveSet.parse("throughput"), 0)
+    line = progress.breakdown(None)
+    assert line.startswith("autohet: 0 trials in ") and "ended with them" in line
+    assert "executor topologies" in progress.breakdown({"topologies_started": 2})

@@ -52,14 +52,19 @@ class Progress:
             parts.append(f"{value:.4g} {o.unit}" if value is not None else f"{o.name} not measured")
         return (", " + ", ".join(parts)) if parts and result.get("status") in ("ok", "violation") else ""
 
-    def breakdown(self, manager_stats: dict[str, int]) -> str:
+    def breakdown(self, manager_stats: dict[str, int] | None) -> str:
         """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,
-        set-up, export); trials by status; how often executors were started."""
+        set-up, export); trials by status; how often executors were started (``None``: the manager
+        was still setting up executors for a trial the time budget stopped, and was ended)."""
         wall = time.time() - self.start
         parts = [f"{name.removesuffix('_s')} {secs:.0f} s" for name, secs in self.seconds.items() if name != "trial_s"]
         rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)
         acquire = self.seconds.get("acquire_s", 0.0)
         statuses = ", ".join(f"{n} {s}" for s, n in self.statuses.items() if n)
+        if manager_stats is None:
+            return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s; "
+                    f"trials: {statuses or 'none'}; the last trial, stopped by the time budget while its executors "
+                    "were being set up, was ended with them")
         return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s "
                 f"(acquiring executors {100 * acquire / wall if wall > 0 else 0:.0f}% of the wall time); trials: "
                 f"{statuses or 'none'}; {manager_stats.get('topologies_started', 0)} executor topologies started "

@@ -148,6 +148,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     # restartable: if its worker crashes, Ray rebuilds it and the next trial re-creates the executors
     manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
     manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
+    stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
     try:
         limit: float | None = None
         if resume:
@@ -241,16 +242,34 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             tuner.fit()
         if sys.stderr.isatty():
             print(file=sys.stderr)
-        print(progress.breakdown(ray.get(manager.stats.remote())), file=sys.stderr, flush=True)
+        stats = answer_or_none(manager.stats.remote(), MANAGER_ANSWER_S)
+        print(progress.breakdown(stats), file=sys.stderr, flush=True)
         outcome = record_outcome(client, experiment, experiment_id, parent_id, objectives, exp_dir, platform)
         client.set_terminated(parent_id, "FINISHED")
         return outcome
     finally:
         try:
-            ray.get(manager.shutdown.remote())
-            ray.kill(manager)
+            if stats is not None:  # an idle manager ends its executors itself
+                ray.get(manager.shutdown.remote())
+            ray.kill(manager)  # a busy one with them: they are its actors and end with it
         except Exception:  # the manager is already gone when Ray is shutting down
             logging.getLogger(__name__).debug("manager already stopped")
+
+
+# how long the end of a tune waits for the manager: a trial stopped by the time budget may have left
+# it inside an executor set-up that cannot be interrupted (on the 2-core box a vgg16 CPU executor
+# compiling with inductor at batch 256 held the end of the README's main job 97 s past its budget)
+MANAGER_ANSWER_S = 10.0
+
+
+def answer_or_none(ref: Any, timeout_s: float) -> Any:
+    """The value of a Ray call, or None when it has not come within ``timeout_s``."""
+    import ray
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        return None
 
 
 def _telemetry_notes(settings: TuneSettings, pool_spec: PoolSpec) -> None:
