@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from autohet.errors import UserError
+from autohet.heap import settle
 from autohet.strategies import get_strategy
 from autohet.telemetry import EnergyMeter, EnergyResult, Sources, default_sources
 
@@ -70,6 +71,7 @@ def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: Ru
         with meter.excluded():
             return measured(p, share) if measured is not None else p.standalone_ips(ctx.standalone_seconds, share)
 
+    settle()  # this process's collector (the driver's, and in-process executors' and engines') out of the run
     with meter:
         m = strategy.run(pool, replace(ctx, standalone_provider=standalone), checked)
     record_energy(m, meter.result(m.images, m.wall_s), ctx.mode)

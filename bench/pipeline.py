@@ -87,7 +87,8 @@ def pipeline_row(name: str, specs: list[ExecutorSpec], ctx: RunContext, args: ar
     ips = images / out["wall_s"]
     print(f"  pipeline batch {out['batch']} depth {out['depth']}: {ips:.1f} img/s, bound {out['bound_ips']:.1f} "
           f"(modelled {out['modelled_bound_ips'] or float('nan'):.1f}), efficiency {ips / out['bound_ips']:.3f}, "
-          f"output {'ok' if ok else 'FAILED ' + '; '.join(problems)}", flush=True)
+          f"output {'ok' if ok else 'FAILED ' + '; '.join(problems)}; collector in the run: "
+          f"{out['gc']['collections']} collections, {out['gc']['total_ms']:.1f} ms", flush=True)
     for s in out["stages"]:
         print(f"    stage {s['stage']} on {s['device']:8s} {s['blocks'][0]} .. {s['blocks'][-1]} ({len(s['blocks'])} "
               f"blocks): {s['frame_ms']:.3f} ms/frame alone (compute {s['compute_ms'] or 0:.3f}, in "
@@ -98,7 +99,7 @@ def pipeline_row(name: str, specs: list[ExecutorSpec], ctx: RunContext, args: ar
             "throughput_ips": ips, "limit_ips": out["bound_ips"], "efficiency": ips / out["bound_ips"],
             "output_ok": ok, "max_abs_diff": diff, "stages": out["stages"], "single_ips_same_batch": out["single_ips"],
             "modelled_bound_ips": out["modelled_bound_ips"], "links": out["links"],
-            "block_times_ms": out["block_times_ms"]}
+            "block_times_ms": out["block_times_ms"], "gc": out["gc"]}
 
 
 def pool_rows(name: str, specs: list[ExecutorSpec], args: argparse.Namespace, in_process: bool
@@ -140,6 +141,7 @@ def main() -> None:
     parser.add_argument("--min-images", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=3.0, help="work per run for the whole pool (sizes it)")
     parser.add_argument("--sms", type=int, help="also run on a green-context partition of this many SMs")
+    parser.add_argument("--skip-whole", action="store_true", help="with --sms: only the partition")
     parser.add_argument("--batch", type=int, help="the pipeline's micro-batch (default: 32 with a GPU, else the "
                         "strategy's)")
     parser.add_argument("--gpu-batch", type=int, default=64)
@@ -158,7 +160,7 @@ def main() -> None:
     models = ["lenet"] if args.smoke else args.models.split(",")
     if args.smoke:
         args.images, args.min_images = 512, 512
-    shapes = [None] if args.smoke or not args.sms else [None, args.sms]
+    shapes = [None] if args.smoke or not args.sms else ([args.sms] if args.skip_whole else [None, args.sms])
     rows: list[dict[str, Any]] = []
     for sms in shapes:
         specs = machine_specs(args, sms)

@@ -159,3 +159,33 @@ def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_actor(ray_local
     assert answer_or_none(actor.stats.remote(0.0), 60.0) == {"topologies_started": 1}
     assert answer_or_none(actor.stats.remote(120.0), 0.5) is None  # busy far longer than the bound
     ray.kill(actor)
+
+
+@pytest.mark.gpu
+def test_a_pinned_stream_over_a_bank_that_wraps_gives_every_frame_in_order() -> None:
+    """Frames that wrap around the bank (and the padded last one) are made pinned on the submitting
+    thread; the outputs are those of the model, image by image, in order."""
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from autohet.engine import Engine, GpuDevice, Step, device_module, pinned_host, stream_frames, with_transfers
+    from autohet.models import build_model
+    from autohet.workload import Workload
+
+    bank = np.random.default_rng(2).standard_normal((10, 1, 28, 28)).astype(np.float32)
+    workload = Workload(bank, 37)  # frames of 4: 2, 5 and 7 wrap, 9 is padded
+    model = build_model("lenet")
+    engine = Engine([GpuDevice("g", 0, "fp32")])
+    try:
+        program = with_transfers([Step("m", "g", ("x",), ("y",), device_module(model, engine["g"]))], ("x",), "y",
+                                 engine.devices)
+        with pinned_host(workload.bank) as pinned:
+            _, outs = stream_frames(engine, program, workload.rows, 37, 4, depth=3, pinned=pinned)
+    finally:
+        engine.close()
+    with torch.inference_mode():
+        ref = model(torch.from_numpy(workload.rows(0, 37))).numpy()
+    assert pinned and outs.shape == (37, 10)
+    np.testing.assert_allclose(outs, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))

@@ -167,6 +167,38 @@ def test_an_in_process_pool_pins_its_own_threads_not_the_caller(lenet_workload):
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
 
 
+def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
+    """A CPU group's thread sets its team, then (before its first op) a GPU executor's thread sets
+    one thread for its feeder core: the group still runs on its own team. torch stores the count
+    process-wide and a thread's first op resets its team to it; this failed (1 thread) before
+    ``own_threads``."""
+    import threading
+
+    from autohet.executors.cpu import own_threads
+
+    group_set, feeder_set = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def cpu_group() -> None:
+        own_threads(2)
+        group_set.set()
+        feeder_set.wait()
+        torch.ones(64, 64) @ torch.ones(64, 64)  # its first op
+        seen.append(torch.get_num_threads())
+
+    def gpu_feeder() -> None:
+        group_set.wait()
+        own_threads(1)
+        feeder_set.set()
+
+    threads = [threading.Thread(target=cpu_group), threading.Thread(target=gpu_feeder)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [2]
+
+
 def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):
     from autohet.tuning.trainable import trial_metrics
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from autohet.errors import UserError
+from autohet.executors.cpu import own_threads
 from autohet.executors.gpu import DTYPES, use_tf32
 from autohet.pool.worker import Worker
 
@@ -116,7 +117,7 @@ class CpuDevice(Device):
                 raise UserError(f"device {self.name}: cores {missing} do not exist on this machine "
                                 f"({os.cpu_count()} cores); fix the pool file's cores")
             os.sched_setaffinity(threading.get_native_id(), set(self.cores))  # this thread only
-        torch.set_num_threads(max(1, len(self.cores)))  # this thread's OpenMP team
+        own_threads(len(self.cores))  # this thread's OpenMP team
 
     def accept(self, value: Value) -> Any:
         if value.event is not None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec, make_executor
+from autohet.heap import settle
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Completion, Dispatcher, Ready
 from autohet.pool.spec import PoolSpec
@@ -41,10 +42,12 @@ class ExecutorActor:
 
     def load(self, workload: Workload) -> dict[str, Any]:
         self.executor.load(workload)
+        settle()  # the set-up's garbage collected here, not in the run's units
         return self.executor.describe()
 
     def configure(self, params: dict[str, Any]) -> dict[str, Any]:
         self.executor.configure(params)
+        settle()
         return self.executor.describe()
 
     def run(self, start: int, size: int, following: tuple[int, int] | None = None) -> tuple[Any, float]:
@@ -92,12 +95,14 @@ class ExecutorGroupActor:
         executor = self.executors[member]
         with self.setup_lock:
             self.workers[member].call(lambda: executor.load(workload))
+            settle()
         return {**executor.describe(), "sms_granted": self.sms[member]}
 
     def configure(self, member: int, params: dict[str, Any]) -> dict[str, Any]:
         executor = self.executors[member]
         with self.setup_lock:
             self.workers[member].call(lambda: executor.configure(params))
+            settle()
         return executor.describe()
 
     def run(self, member: int, start: int, size: int, following: tuple[int, int] | None = None

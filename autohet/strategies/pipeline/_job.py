@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.engine import EngineJob
+from autohet.heap import Collections, settle
 from autohet.planners.stages import (
     StagePlan,
     StageProblem,
@@ -145,11 +146,12 @@ class PipelineJob(EngineJob):
         for k, stage in enumerate(plan.stages):
             loads[stage.device] += measured[k]["frame_s"]
         recorder = StepSpans(engine, program)
-        wall, outputs = stream_frames(engine, recorder.program, self.workload.rows, self.workload.images, batch,
-                                      depth, warmup=2)
+        with Collections() as collections:
+            wall, outputs = stream_frames(engine, recorder.program, self.workload.rows, self.workload.images,
+                                          batch, depth, warmup=2, pinned=pinned)
         timeline = recorder.units(self.workload.images, batch, warmup=2)
-        singles = self._baselines(engine)
-        return {"wall_s": wall, "outputs": outputs, "timeline": timeline,
+        singles = self._baselines(engine, pinned)
+        return {"wall_s": wall, "outputs": outputs, "timeline": timeline, "gc": collections.to_dict(),
                 **report(plan, names, batch, depth, self.workload.images, measured, dict(loads), singles),
                 "runtime": "engine", "start": params["start"],
                 "modelled_bound_ips": plan.throughput(batch) if params["start"] != "given" else None,
@@ -157,7 +159,7 @@ class PipelineJob(EngineJob):
                 "links": {f"{a}->{b}": {"latency_us": lat * 1e6, "gb_per_s": bw / 1e9}
                           for (a, b), (lat, bw) in links.items()}}
 
-    def _baselines(self, engine: Engine) -> dict[str, float]:
+    def _baselines(self, engine: Engine, pinned: bool) -> dict[str, float]:
         """The whole model on each device, frames of the same micro-batch (a CUDA graph on a GPU)."""
         import torch
 
@@ -171,7 +173,7 @@ class PipelineJob(EngineJob):
         for device in self.devices:
             program = whole_model_program(engine, module, device, example.contiguous(), self.params["graphs"])
             frame_s = steady_frame_seconds(lambda n, p=program: stream_frames(
-                engine, p, self.workload.rows, n * batch, batch, depth=2, warmup=0)[0])
+                engine, p, self.workload.rows, n * batch, batch, depth=2, warmup=0, pinned=pinned)[0])
             out[device] = batch / frame_s
         return out
 
@@ -248,6 +250,7 @@ def measure_stage(engine: Engine, program: Program, shapes: dict[str, tuple[int,
             engine.output(future)
         return time.perf_counter() - start
 
+    settle()  # as the pipelined run (``stream_frames``) does before its clock starts
     frame_s = steady_frame_seconds(stream)
     timings: list[Any] = []
     stream(max(3, runs), timings)

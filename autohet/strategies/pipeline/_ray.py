@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.errors import UserError
+from autohet.heap import settle
 from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
 from autohet.strategies.pipeline._plan import (
     StagePrograms,
@@ -81,6 +82,7 @@ class StageActor:
         programs = StagePrograms(self.engine, graph, "torch", self.graphs)
         program = programs.program(dict.fromkeys(graph.names, self.spec.name))
         self.stage = (program, graph.input_name)
+        settle()  # the frames of the run and of the bound meet a settled collector in this process
         return graph.input_name
 
     def run(self, x: np.ndarray) -> np.ndarray:
@@ -178,6 +180,7 @@ def _stage_frame(actor: Any, prev: Any, boundary: int, frames: int, last: bool, 
 
     ray.get(actor.run.remote(inputs(1)[0]))  # warm-up
     ready = inputs(frames)
+    settle()
     start = time.perf_counter()
     outs = [actor.run.remote(r) for r in ready]
     ray.wait(outs, num_returns=len(outs), fetch_local=last)
@@ -209,6 +212,7 @@ def _stream(stages: list[Any], workload: Workload, images: int, batch: int, dept
         ray.get(submit(frame(0)[0]))
     pending: deque[Any] = deque()
     outs, sizes = [], []
+    settle()
     start = time.perf_counter()
     for offset in range(0, images, batch):
         x, n = frame(offset)

@@ -1,0 +1,62 @@
+"""The collector kept out of timed work (autohet.heap): settled objects are skipped by later
+collections, and nothing settled is kept once it becomes garbage."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+from autohet.heap import Collections, settle
+
+
+class _Node:
+    def __init__(self) -> None:
+        self.other: _Node | None = None
+
+
+def _cycle() -> tuple[_Node, weakref.ref]:
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return a, weakref.ref(b)
+
+
+def test_settle_collects_garbage_and_freezes_the_survivors():
+    dead = _cycle()[1]  # garbage: a cycle nothing refers to
+    alive, kept = _cycle()
+    settle()
+    try:
+        assert dead() is None
+        assert kept() is not None
+        assert gc.get_freeze_count() > 0
+        with Collections() as seen:
+            found = gc.collect()  # walks only what was made since: the frozen cycle is not garbage yet
+        assert seen.count == [0, 0, 1] and seen.ms[2] >= 0
+        assert found == 0
+    finally:
+        gc.unfreeze()
+    del alive
+
+
+def test_settled_objects_that_become_garbage_go_at_the_next_settle():
+    alive, kept = _cycle()
+    settle()
+    try:
+        del alive
+        gc.collect()
+        assert kept() is not None  # frozen: a collection skips it
+        settle()
+        assert kept() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_collections_reports_counts_and_milliseconds_but_not_a_settle():
+    with Collections() as seen:
+        settle()  # before a run's clock: not the run's
+        gc.collect(0)
+        gc.collect(2)
+    gc.unfreeze()
+    out = seen.to_dict()
+    assert out["collections"] == [1, 0, 1]
+    assert out["total_ms"] >= 0
+    assert seen._on not in gc.callbacks
