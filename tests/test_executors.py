@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -153,8 +155,6 @@ def test_standalone_of_a_slow_synchronous_executor_runs_one_batch_when_warm(lene
 def test_an_in_process_pool_pins_its_own_threads_not_the_caller(lenet_workload):
     """Each executor runs on its own thread pinned to its cores; the caller's affinity and thread
     count are what they were (a pinned caller would run every executor on the last one's cores)."""
-    import os
-
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     pool = LocalPool(load_pool("actors/cpu2.yaml"))
     try:
@@ -197,6 +197,33 @@ def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     for t in threads:
         t.join()
     assert seen == [2]
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_a_cpu_groups_team_is_bound_one_thread_to_a_core_where_asked(monkeypatch):
+    """With ``AUTOHET_BIND_TEAMS=1`` the group's thread goes to its first core and its OpenMP team's
+    other thread to the second; later parallel ops reuse that team (no new threads, still one to a
+    core)."""
+    import threading
+
+    monkeypatch.setenv("AUTOHET_BIND_TEAMS", "1")
+
+    from autohet.executors.cpu import _PINNED, pin_thread
+
+    seen: dict[str, object] = {}
+
+    def group() -> None:
+        pin_thread((0, 1))
+        team = list(_PINNED.team)
+        before = set(os.listdir("/proc/self/task"))
+        torch.ones(1 << 22).mul_(2.0)
+        seen.update(me=os.sched_getaffinity(0), team=[os.sched_getaffinity(t) for t in team],
+                    new=set(os.listdir("/proc/self/task")) - before, threads=torch.get_num_threads())
+
+    t = threading.Thread(target=group)
+    t.start()
+    t.join()
+    assert seen == {"me": {0}, "team": [{1}], "new": set(), "threads": 2}
 
 
 def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):

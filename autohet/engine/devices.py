@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from autohet.errors import UserError
-from autohet.executors.cpu import own_threads
+from autohet.executors.cpu import bind_team, own_threads
 from autohet.executors.gpu import DTYPES, use_tf32
 from autohet.pool.worker import Worker
 
@@ -118,6 +118,7 @@ class CpuDevice(Device):
                                 f"({os.cpu_count()} cores); fix the pool file's cores")
             os.sched_setaffinity(threading.get_native_id(), set(self.cores))  # this thread only
         own_threads(len(self.cores))  # this thread's OpenMP team
+        bind_team(self.cores)  # one thread to a core, where asked for (AUTOHET_BIND_TEAMS=1)
 
     def accept(self, value: Value) -> Any:
         if value.event is not None:

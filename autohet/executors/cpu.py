@@ -24,7 +24,7 @@ from autohet.executors.compiled import check_backend, compile_module
 from autohet.models import build_model
 from autohet.workload import Workload
 
-__all__ = ["CpuExecutor", "own_threads", "pin_thread"]
+__all__ = ["CpuExecutor", "bind_team", "own_threads", "pin_thread"]
 
 _PINNED = threading.local()
 
@@ -41,9 +41,44 @@ def own_threads(n: int) -> None:
     torch.set_num_threads(max(1, n))
 
 
+def bind_team(cores: tuple[int, ...]) -> list[int]:
+    """Pins the calling thread to ``cores[0]`` and each thread of its OpenMP team to one more core of
+    ``cores``; returns the team's thread ids (empty where nothing was bound).
+
+    A team inherits its thread's affinity, the group's whole core set, and its threads move between
+    those cores; two on one core would make every parallel region wait for the slower. A CPU stage
+    of the H100 box ran at 8-10 ms per frame in some spells and 17-24 ms in others (BENCHMARKS 13c);
+    binding was the candidate, but on the machine it was tried on neither setting met a slow spell
+    and the figures did not move, so it is off unless ``AUTOHET_BIND_TEAMS=1`` (an A/B switch for
+    that measurement). The team is made here (one parallel op) and found as the new threads of this
+    process with the group's affinity."""
+    if len(cores) < 2 or not hasattr(os, "sched_setaffinity") or os.environ.get("AUTOHET_BIND_TEAMS") != "1":
+        return []
+    group = set(cores)
+    before = set(os.listdir("/proc/self/task"))
+    torch.ones(1 << 22).add_(1.0)  # a parallel region: the team's threads exist after it
+    team = list(getattr(_PINNED, "team", []))
+    for tid in sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before):
+        try:
+            if os.sched_getaffinity(tid) == group:
+                team.append(tid)
+        except OSError:  # ended since
+            continue
+    os.sched_setaffinity(threading.get_native_id(), {cores[0]})
+    bound = []
+    for k, tid in enumerate(team):
+        try:
+            os.sched_setaffinity(tid, {cores[(k + 1) % len(cores)]})
+            bound.append(tid)
+        except OSError:
+            continue
+    _PINNED.team = bound
+    return bound
+
+
 def pin_thread(cores: tuple[int, ...]) -> None:
-    """Pins the calling thread to ``cores`` and sets its intra-op threads to their number (once per
-    thread and core set)."""
+    """Pins the calling thread to ``cores`` and sets its intra-op threads to their number (bound one
+    to a core with ``AUTOHET_BIND_TEAMS=1``, ``bind_team``), once per thread and core set."""
     if getattr(_PINNED, "cores", None) == cores:
         return
     if cores and hasattr(os, "sched_setaffinity"):
@@ -54,6 +89,7 @@ def pin_thread(cores: tuple[int, ...]) -> None:
                             "fix the cores of the pool file or use actors/auto.yaml")
         os.sched_setaffinity(threading.get_native_id(), set(cores))
     own_threads(len(cores))
+    bind_team(cores)
     _PINNED.cores = cores
 
 
