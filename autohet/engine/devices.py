@@ -9,8 +9,6 @@ value it produces carries an event that consumers on other devices wait for.
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -19,7 +17,7 @@ from typing import Any
 import torch
 
 from autohet.errors import UserError
-from autohet.executors.cpu import bind_team, own_threads
+from autohet.executors.cpu import pin_thread
 from autohet.executors.gpu import DTYPES, use_tf32
 from autohet.pool.worker import Worker
 
@@ -110,15 +108,7 @@ class CpuDevice(Device):
         self.cores = tuple(cores)
 
     def _setup(self) -> None:
-        if self.cores and hasattr(os, "sched_setaffinity"):
-            available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
-            missing = sorted(set(self.cores) - available)
-            if missing:
-                raise UserError(f"device {self.name}: cores {missing} do not exist on this machine "
-                                f"({os.cpu_count()} cores); fix the pool file's cores")
-            os.sched_setaffinity(threading.get_native_id(), set(self.cores))  # this thread only
-        own_threads(len(self.cores))  # this thread's OpenMP team
-        bind_team(self.cores)  # one thread to a core, where asked for (AUTOHET_BIND_TEAMS=1)
+        pin_thread(self.cores, f"device {self.name}")  # this thread and its OpenMP team
 
     def accept(self, value: Value) -> Any:
         if value.event is not None:

@@ -76,17 +76,18 @@ def bind_team(cores: tuple[int, ...]) -> list[int]:
     return bound
 
 
-def pin_thread(cores: tuple[int, ...]) -> None:
+def pin_thread(cores: tuple[int, ...], owner: str = "") -> None:
     """Pins the calling thread to ``cores`` and sets its intra-op threads to their number (bound one
-    to a core with ``AUTOHET_BIND_TEAMS=1``, ``bind_team``), once per thread and core set."""
+    to a core with ``AUTOHET_BIND_TEAMS=1``, ``bind_team``), once per thread and core set. Executors
+    and the engine's CPU devices both pin this way; ``owner`` names the caller in the error."""
     if getattr(_PINNED, "cores", None) == cores:
         return
     if cores and hasattr(os, "sched_setaffinity"):
         available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
         missing = sorted(set(cores) - available)
         if missing:
-            raise UserError(f"cores {missing} do not exist on this node (it has {os.cpu_count()}); "
-                            "fix the cores of the pool file or use actors/auto.yaml")
+            raise UserError(f"{owner + ': ' if owner else ''}cores {missing} do not exist on this node (it has "
+                            f"{os.cpu_count()}); fix the cores of the pool file or use actors/auto.yaml")
         os.sched_setaffinity(threading.get_native_id(), set(cores))
     own_threads(len(cores))
     bind_team(cores)
