@@ -243,7 +243,9 @@ def test_the_sampling_thread_tracks_the_max_temperature_and_stops():
     temps = iter([40.0, 70.0] + [55.0] * 10_000)
     meter = EnergyMeter(Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": next(temps)})]), interval_s=0.001)
     with meter:
-        while meter.result(0).temp_max_c is None or meter.result(0).temp_max_c < 70:  # the thread's sample
+        for _ in range(60_000):  # the thread samples every 1 ms: a minute is a stuck thread, not a slow one
+            if (meter.result(0).temp_max_c or 0.0) >= 70:  # the thread's sample
+                break
             time.sleep(0.001)  # wait for it without holding the GIL in a spin
     assert not meter._thread.is_alive()
     assert meter.result(0).metrics()["temp_gpu0_max_c"] == 70.0
@@ -513,10 +515,9 @@ def test_a_throughput_energy_tune_on_this_machine_finishes_and_says_what_it_coul
     from autohet.pool import load_pool
     from autohet.running import energy_sources
 
-    spaces = tmp_path / "spaces"
-    import shutil
+    from tests.test_tune import pinned_spaces
 
-    shutil.copytree(REPO / "search_spaces", spaces)
+    spaces = pinned_spaces(tmp_path)
     conf = {"trials": 4, "time_budget_s": 600, "images": 1000, "standalone_seconds": 0.1, "check_images": 8,
             "search_spaces": str(spaces), "pool": str(REPO / "actors/cpu2.yaml"), "cool_max_s": 1}
     (tmp_path / "conf.yaml").write_text(yaml.safe_dump(conf))

@@ -357,18 +357,32 @@ def test_stages_run_as_actors_on_their_nodes(cluster):
 def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     import yaml
 
-    from tests.test_tune import autohet, client_for, setup_dir
+    from autohet.models import ModelSpec
+    from autohet.pool import load_pool
+    from autohet.tuning.initial import initial_points
+    from autohet.tuning.space import load_search_space
+    from autohet.tuning.tuner import space_context
+    from tests.test_tune import REPO, autohet, client_for, setup_dir
 
-    cwd, env = setup_dir(tmp_path, trials=5)
+    # the budget: the tuner's first points (single, then the pipeline at its defaults) and two drawn by the
+    # seeded sampler over a space that is the same on every machine (the draws: single, then a pipeline
+    # with start=given; issue 24)
+    cwd, env = setup_dir(tmp_path, trials=1)
+    space = load_search_space(cwd / "spaces").restrict(["pipeline"], "throughput").for_machine()[0]
+    pool = load_pool(str(REPO / "actors/cpu2.yaml"))
+    first = initial_points(space, pool, space_context(space, pool, ModelSpec("lenet"), False))
+    assert [p["strategy"] for p in first] == ["single", "pipeline"]
+    trials = len(first) + 2
     conf = yaml.safe_load((cwd / "conf.yaml").read_text())
-    (cwd / "conf.yaml").write_text(yaml.safe_dump({**conf, "images": 768, "strategies": "pipeline"}))
+    (cwd / "conf.yaml").write_text(yaml.safe_dump({**conf, "trials": trials, "images": 768,
+                                                   "strategies": "pipeline"}))
     proc = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "pipe"], cwd, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = client_for(cwd)
     exp = client.get_experiment_by_name("pipe")
-    trials = client.search_runs([exp.experiment_id], "tags.autohet_kind = 'trial'")
-    pipes = [r for r in trials if r.data.tags["strategy"] == "pipeline"]
-    assert len(trials) == 5 and len(pipes) >= 3
+    runs = client.search_runs([exp.experiment_id], "tags.autohet_kind = 'trial'")
+    pipes = [r for r in runs if r.data.tags["strategy"] == "pipeline"]
+    assert len(runs) == trials and len(pipes) >= 2
     assert all(r.data.tags["status"] == "ok" for r in pipes), [r.data.tags.get("error") for r in pipes]
     for run in pipes:
         assert {"throughput_ips", "limit_ips", "efficiency", "share.cpu0", "busy.cpu1"} <= set(run.data.metrics)

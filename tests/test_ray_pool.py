@@ -148,13 +148,13 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
         started = time.perf_counter()
         with pytest.raises(RunTimeout, match="did not finish within 1 s.*still busy: slow") as info:
             run_strategy("fifo", {"c": 100}, pool, ctx)
-        assert time.perf_counter() - started < 5.0
+        assert time.perf_counter() - started < 9.0  # cut at 1 s, not after the slow executor's 10 s of work
         assert info.value.busy == [1]
         old = pool.actors[1]
         pool.replace(info.value.busy)
         assert pool.actors[1] is not old
         m = run_strategy("single", {"executor": 1}, pool, ctx.with_images(5))
-        assert m.output_ok and m.wall_s < 2.0  # 5 images at 10 img/s, not behind 10 s of old work
+        assert m.output_ok and m.wall_s < 5.0  # 5 images at 10 img/s (0.5 s), not behind 10 s of old work
     finally:
         pool.shutdown()
 

@@ -156,3 +156,39 @@ def test_a_latency_space_drops_batch_and_its_first_points_try_compiled_graphs_fi
     assert all(p["exec.gpu.backend"] == "cudagraphs" for p in points if p["strategy"] != "single")
     assert not any("exec.gpu.batch" in p for p in singles)
     assert "batch" in load_search_space("search_spaces").restrict(None, "throughput").executors["gpu"]
+
+
+def _first_points_on(flags: str, spaces, monkeypatch) -> tuple[list, list]:
+    monkeypatch.setenv("AUTOHET_CPU_FLAGS", flags)
+    space, notes = load_search_space(spaces).for_machine()
+    return initial_points(space, load_pool("actors/cpu2.yaml")), notes
+
+
+def test_the_tune_tests_space_and_first_points_are_the_same_with_and_without_bf16(tmp_path, monkeypatch):
+    """Issue 24: a tune test counted trials that a bf16 day's space changed. The tune tests' pinned
+    space must give the same first points (and leave nothing out) on every CPU."""
+    from tests.test_tune import pinned_spaces
+
+    spaces = pinned_spaces(tmp_path)
+    with_bf16, notes_on = _first_points_on("+avx512_bf16,+amx_bf16", spaces, monkeypatch)
+    without, notes_off = _first_points_on("-avx512_bf16,-amx_bf16", spaces, monkeypatch)
+    assert with_bf16 == without and notes_on == notes_off == []
+
+
+def test_cpu_bf16_is_searched_only_where_the_cpu_has_it(monkeypatch):
+    monkeypatch.setenv("AUTOHET_CPU_FLAGS", "+avx512_bf16")
+    space, notes = load_search_space("search_spaces").for_machine()
+    assert "bf16" in space.executors["cpu"]["precision"].choices
+    assert not any("precision=bf16" in n for n in notes)
+    monkeypatch.setenv("AUTOHET_CPU_FLAGS", "-avx512_bf16,-amx_bf16")
+    space, notes = load_search_space("search_spaces").for_machine()
+    assert space.executors["cpu"]["precision"].choices == ("fp32",)
+    assert any(n.startswith("cpu precision=bf16 left out: no AVX512-BF16/AMX") for n in notes)
+
+
+def test_a_malformed_cpu_flags_override_is_one_line(monkeypatch):
+    from autohet.executors.compiled import cpu_flags
+
+    monkeypatch.setenv("AUTOHET_CPU_FLAGS", "avx512_bf16")
+    with pytest.raises(UserError, match=r"'avx512_bf16' must be \+flag or -flag"):
+        cpu_flags()

@@ -39,14 +39,22 @@ def use_compile_cache() -> Path:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo); empty where unreadable."""
+    """The CPU's feature flags (Linux /proc/cpuinfo; empty where unreadable), adjusted by
+    ``AUTOHET_CPU_FLAGS`` ("+avx512_bf16,-amx_bf16": flags added or removed). The development and CI
+    machines have AVX512-BF16 on some days and not on others: the variable makes either day's
+    behaviour reproducible on any machine (tests pin it; an operator can rule an instruction out)."""
+    flags: set[str] = set()
     info = Path("/proc/cpuinfo")
-    if not info.is_file():
-        return set()
-    for line in info.read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    if info.is_file():
+        for line in info.read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    for item in filter(None, (f.strip() for f in os.environ.get("AUTOHET_CPU_FLAGS", "").split(","))):
+        if item[0] not in "+-" or len(item) < 2:
+            raise UserError(f"AUTOHET_CPU_FLAGS: {item!r} must be +flag or -flag, e.g. +avx512_bf16,-amx_bf16")
+        (flags.add if item[0] == "+" else flags.discard)(item[1:])
+    return flags
 
 
 def _cxx() -> bool:
