@@ -514,7 +514,6 @@ def test_a_throughput_energy_tune_on_this_machine_finishes_and_says_what_it_coul
 
     from autohet.pool import load_pool
     from autohet.running import energy_sources
-
     from tests.test_tune import pinned_spaces
 
     spaces = pinned_spaces(tmp_path)
