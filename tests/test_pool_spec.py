@@ -32,8 +32,14 @@ def test_auto_group_size_is_one_core_without_a_gpu_and_four_next_to_one():
     assert [e.cores for e in detect_executors([0, 1, 2], 0, {"cpu_group_size": "auto"})] == [(0,), (1,), (2,)]
     gpu_box = detect_executors(list(range(16)), 1, {})
     assert [e.cores for e in gpu_box] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8), (9, 10, 11, 12), (13, 14, 15)]
-    with pytest.raises(UserError, match="auto or a whole number"):
+    with pytest.raises(UserError, match="auto, all or a whole number"):
         detect_executors([0], 0, {"cpu_group_size": "big"})
+
+
+def test_auto_group_size_all_is_one_group_of_the_cores_the_gpus_leave():
+    assert [e.cores for e in detect_executors([0, 1], 0, {"cpu_group_size": "all"})] == [(0, 1)]
+    gpu_box = detect_executors(list(range(16)), 1, {"cpu_group_size": "all"})
+    assert [(e.kind, e.cores) for e in gpu_box] == [("gpu", (0,)), ("cpu", tuple(range(1, 16)))]
 
 
 def test_auto_yaml_on_this_machine_matches_its_cores():

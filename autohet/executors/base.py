@@ -16,7 +16,7 @@ from autohet.workload import Workload
 __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-BACKENDS = ("eager", "inductor", "cudagraphs")
+BACKENDS = ("eager", "inductor", "cudagraphs", "openvino", "onnxruntime")
 INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
 # Executor parameters that a pool file sets and a trial may vary; each kind says which apply to it
@@ -26,11 +26,15 @@ EXECUTOR_PARAMS: dict[str, Param] = {
     "precision": ChoiceParam("precision", "fp32", choices=PRECISIONS),
     "channels_last": BoolParam("channels_last", False),
     "backend": ChoiceParam("backend", "eager", choices=BACKENDS,
-                           help="eager, inductor (torch.compile) or cudagraphs (GPU: a graph per batch shape)"),
+                           help="eager, inductor (torch.compile), cudagraphs (GPU: a graph per batch shape), "
+                                "openvino or onnxruntime (CPU)"),
     "inductor_mode": ChoiceParam("inductor_mode", "default", choices=INDUCTOR_MODES,
                                  help="torch.compile mode for backend inductor"),
     "sms": IntParam("sms", None, low=0, high=100000,
                     help="GPU: run on a green-context partition of this many SMs (unset or 0: the whole GPU)"),
+    "streams": IntParam("streams", None, low=0, high=1024,
+                        help="CPU openvino: parallel inference streams, at most one per core (unset or 0: "
+                             "OpenVINO's THROUGHPUT hint picks)"),
 }
 
 
@@ -48,6 +52,7 @@ class ExecutorSpec:
     backend: str = "eager"
     inductor_mode: str = "default"
     sms: int | None = None
+    streams: int | None = None
     node: str | None = None
     # simulated executors only (labelled simulated everywhere they appear)
     speed_ips: float = 0.0
@@ -83,11 +88,13 @@ class ExecutorSpec:
         given = {k: v for k, v in params.items() if v is not None}
         merged = validate_params(f"executor {self.name}", EXECUTOR_PARAMS, {**self.executor_params(), **given})
         merged["sms"] = merged["sms"] or None  # 0: the whole GPU (a searchable choice)
+        merged["streams"] = merged["streams"] or None  # 0: the backend's own choice (a searchable choice)
         return replace(self, **merged)
 
     def executor_params(self) -> dict[str, Any]:
         return {"batch": self.batch, "precision": self.precision, "channels_last": self.channels_last,
-                "backend": self.backend, "inductor_mode": self.inductor_mode, "sms": self.sms}
+                "backend": self.backend, "inductor_mode": self.inductor_mode, "sms": self.sms,
+                "streams": self.streams}
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -104,6 +111,8 @@ class ExecutorSpec:
             params.pop("backend")
         if self.sms is None:
             params.pop("sms")
+        if self.streams is None:
+            params.pop("streams")
         out.update(params)
         if self.kind == "sim":
             out.update(speed_ips=self.speed_ips, overhead_s=self.overhead_s, needs_gpu=self.needs_gpu)

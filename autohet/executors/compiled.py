@@ -9,70 +9,30 @@ the machine cannot run is refused in one line, never silently replaced.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from autohet.errors import UserError
+from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "cpu_flags", "graph_call",
            "native_cpu_bf16", "unsupported", "use_compile_cache"]
 
 
-def compile_cache_dir() -> Path:
-    """Where compiled artefacts live (``AUTOHET_COMPILE_CACHE``, default runs/compile_cache), shared by
-    every executor, trial and later run on this machine."""
-    return Path(os.environ.get("AUTOHET_COMPILE_CACHE") or Path("runs").resolve() / "compile_cache")
-
-
-def use_compile_cache() -> Path:
-    """Points inductor's and Triton's on-disk caches into the compile cache (before first compile)."""
-    root = compile_cache_dir()
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
-    os.environ.setdefault("TRITON_CACHE_DIR", str(root / "triton"))
-    return root
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty where unreadable), adjusted by
-    ``AUTOHET_CPU_FLAGS`` ("+avx512_bf16,-amx_bf16": flags added or removed). The development and CI
-    machines have AVX512-BF16 on some days and not on others: the variable makes either day's
-    behaviour reproducible on any machine (tests pin it; an operator can rule an instruction out)."""
-    flags: set[str] = set()
-    info = Path("/proc/cpuinfo")
-    if info.is_file():
-        for line in info.read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    for item in filter(None, (f.strip() for f in os.environ.get("AUTOHET_CPU_FLAGS", "").split(","))):
-        if item[0] not in "+-" or len(item) < 2:
-            raise UserError(f"AUTOHET_CPU_FLAGS: {item!r} must be +flag or -flag, e.g. +avx512_bf16,-amx_bf16")
-        (flags.add if item[0] == "+" else flags.discard)(item[1:])
-    return flags
-
-
-def _cxx() -> bool:
-    return bool(shutil.which("g++") or shutil.which("c++"))
-
-
-def native_cpu_bf16() -> bool:
-    """Whether the CPU computes bf16 natively (AVX512-BF16 or AMX); without it PyTorch converts,
-    correct but slower than fp32, so a tune leaves CPU bf16 out of its space."""
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+_GPU_BACKENDS = ("eager", "inductor", "cudagraphs")
 
 
 def unsupported(kind: str, param: str, value: object) -> str | None:
     """Why this machine should not search ``param = value`` for executors of ``kind`` (None: fine)."""
     if kind == "cpu" and param == "precision" and value == "bf16" and not native_cpu_bf16():
         return "no AVX512-BF16/AMX on this CPU (bf16 would be emulated, slower than fp32)"
-    if kind == "cpu" and param == "backend" and value == "inductor" and not _cxx():
-        return "no C++ compiler for inductor on the CPU"
+    if kind == "cpu" and param == "backend":
+        from autohet.executors.cpu_backends import CPU_BACKENDS, cpu_backend
+
+        return cpu_backend(str(value)).missing() if value in CPU_BACKENDS else None
     if kind == "gpu" and param == "precision" and value == "bf16" and torch.cuda.is_available() \
             and not torch.cuda.is_bf16_supported():
         return "this GPU has no bf16"
@@ -82,13 +42,19 @@ def unsupported(kind: str, param: str, value: object) -> str | None:
 def check_backend(kind: str, backend: str, precision: str, name: str) -> None:
     """Refuses (one line, the fix named) what this machine cannot run for an executor."""
     if kind == "cpu":
-        if backend == "cudagraphs":
-            raise UserError(f"executor {name}: cudagraphs is a GPU backend; a CPU group runs eager or inductor")
-        if precision == "fp16":
+        from autohet.executors.cpu_backends import CPU_BACKENDS, cpu_backend
+
+        if backend not in CPU_BACKENDS:
+            raise UserError(f"executor {name}: {backend} is a GPU backend; a CPU group runs "
+                            f"{', '.join(CPU_BACKENDS)}")
+        if precision not in ("fp32", "bf16"):
             raise UserError(f"executor {name}: a CPU runs fp32 or bf16; set precision: fp32 or bf16")
-        if backend == "inductor" and not _cxx():
-            raise UserError(f"executor {name}: inductor on a CPU needs a C++ compiler (g++) on PATH; install one "
-                            "or set backend: eager")
+        chosen = cpu_backend(backend)
+        why = chosen.missing() or chosen.refuse(precision)
+        if why:
+            raise UserError(f"executor {name}: backend {backend}: {why}")
+    if kind == "gpu" and backend not in _GPU_BACKENDS:
+        raise UserError(f"executor {name}: {backend} is a CPU backend; a GPU runs {', '.join(_GPU_BACKENDS)}")
     if kind == "gpu" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise UserError(f"executor {name}: this GPU has no bf16 support; set precision: fp16 or fp32")
 

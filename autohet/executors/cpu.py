@@ -1,4 +1,4 @@
-"""A group of pinned CPU cores running the model: eager or inductor, fp32 or bf16, channels_last.
+"""A group of pinned CPU cores running the model: eager, inductor, OpenVINO or ONNX Runtime.
 
 The thread that runs the model pins itself to the group's cores and sets its own intra-op thread
 count (OpenMP keeps one thread team per calling thread), so two executors in one process run on
@@ -8,20 +8,17 @@ backend) are built once per executor and kept: a trial that comes back to one pa
 
 from __future__ import annotations
 
-import copy
 import os
 import threading
 import time
-import warnings
 from typing import Any
 
-import numpy as np
 import torch
 
 from autohet.errors import UserError
 from autohet.executors.base import Executor, UnitResult
-from autohet.executors.compiled import check_backend, compile_module
-from autohet.models import build_model
+from autohet.executors.compiled import check_backend
+from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
 from autohet.workload import Workload
 
 __all__ = ["CpuExecutor", "bind_team", "own_threads", "pin_thread"]
@@ -95,69 +92,39 @@ def pin_thread(cores: tuple[int, ...], owner: str = "") -> None:
 
 
 class CpuExecutor(Executor):
+    """A pinned core group running its model with a CPU backend (``executors.cpu_backends``): one
+    program per variant, built on the group's pinned thread and kept."""
+
     def load(self, workload: Workload) -> None:
         self.workload = workload
-        self._base: torch.nn.Module | None = None
-        self._variants: dict[tuple, Any] = {}
+        self._source = ModelSource(self.model_spec)
+        self._programs: dict[tuple, CpuProgram] = {}
         self._activate()
 
-    def _key(self) -> tuple:
-        s = self.spec
-        compiled = s.backend == "inductor"
-        return (s.precision, s.channels_last, s.backend, s.inductor_mode if compiled else None,
-                s.batch if compiled else None)
-
     def _activate(self) -> None:
-        """Builds (or finds) the model variant of the current spec and warms it up."""
+        """Builds (or finds) the program of the current spec and warms it up."""
+        assert self.workload is not None
         check_backend("cpu", self.spec.backend, self.spec.precision, self.spec.name)
         pin_thread(self.spec.cores)
-        self.dtype = torch.bfloat16 if self.spec.precision == "bf16" else torch.float32
+        backend = cpu_backend(self.spec.backend)
+        key = backend.variant_key(self.spec)
         self.compile_s = 0.0
-        key = self._key()
-        if key not in self._variants:
-            if self._base is None:
-                self._base = build_model(self.model_spec)
-            model = self._base  # fp32, contiguous: every other variant is a converted copy (.to is in place)
-            if self.dtype != torch.float32 or self.spec.channels_last:
-                model = copy.deepcopy(self._base).to(self.dtype)
-                if self.spec.channels_last:
-                    model = model.to(memory_format=torch.channels_last)
-            if self.spec.backend == "inductor":
-                model, self.compile_s = compile_module(model, self.spec.inductor_mode, self._input(0, self.spec.batch))
-            self._variants[key] = model
-        self.model = self._variants[key]
+        if key not in self._programs:
+            self._programs[key] = backend.build(self._source, self.spec, self.workload.shape)
+            self.compile_s = self._programs[key].compile_s
+        self.program = self._programs[key]
         self.run(0, min(self.spec.batch, self.workload.images, 8))  # warm-up: first-call costs, not a full batch
 
     def reconfigure(self) -> None:
         self._activate()
 
-    def _input(self, start: int, n: int, pad_to: int = 0) -> torch.Tensor:
-        """Rows ``start..start+n`` in the executor's dtype and layout, zero rows up to ``pad_to``."""
-        assert self.workload is not None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only arrays from the object store
-            x = torch.from_numpy(self.workload.rows(start, n))
-        if pad_to > n:  # before the layout: a padded channels_last batch compiled the model a second time
-            x = torch.cat([x, x.new_zeros((pad_to - n, *x.shape[1:]))])
-        if self.dtype != torch.float32:
-            x = x.to(self.dtype)
-        if self.spec.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x
-
     def run(self, start: int, size: int) -> UnitResult:
         assert self.workload is not None
         pin_thread(self.spec.cores)
         t0 = time.perf_counter()
-        chunks = []
-        batch = self.spec.batch
-        compiled = self.spec.backend == "inductor"
-        for offset in range(0, size, batch):
-            n = min(batch, size - offset)
-            # the input made outside inference mode, as the model was compiled on: torch.compile guards on
-            # the flag, and an inference-mode input compiled every model a second time at its warm-up
-            x = self._input(start + offset, n, batch if compiled else 0)  # one compiled shape: partial batches padded
-            with torch.inference_mode():
-                chunks.append(self.model(x)[:n].float().numpy())
-        outputs = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        outputs = self.program.run(self.workload.rows(start, size), self.spec.batch)
         return UnitResult(outputs, time.perf_counter() - t0)
+
+    def describe(self) -> dict[str, Any]:
+        program = getattr(self, "program", None)
+        return {**super().describe(), **(program.describe() if program is not None else {})}

@@ -31,7 +31,8 @@ class ExecutorKind:
 
 EXECUTOR_KINDS: dict[str, ExecutorKind] = {
     "cpu": ExecutorKind("cpu", "autohet.executors.cpu:CpuExecutor",
-                        ("batch", "precision", "channels_last", "backend", "inductor_mode"), needs_cores=True),
+                        ("batch", "precision", "channels_last", "backend", "inductor_mode", "streams"),
+                        needs_cores=True),
     "gpu": ExecutorKind("gpu", "autohet.executors.gpu:GpuExecutor",
                         ("batch", "precision", "channels_last", "backend", "inductor_mode", "sms")),
     "sim": ExecutorKind("sim", "autohet.executors.sim:SimExecutor", ("batch",), simulated=True),

@@ -8,9 +8,9 @@ An explicit file lists executors::
       - {name: gpu0, kind: gpu, gpu: 0, cores: [2], batch: 256, precision: fp16}
 
 ``auto`` detects the machine (or every node of a Ray cluster): one executor per GPU with one
-core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size``. Its default,
-``auto``, is one core per group on a CPU-only node (the seed's per-core executors) and groups of
-four next to a GPU: there a one-core group adds well under 0.1% of the GPU's throughput while its
+core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size`` (``all``: one
+group). Its default, ``auto``, is one core per group on a CPU-only node (the seed's per-core
+executors) and groups of four next to a GPU: there a one-core group adds well under 0.1% of the GPU's throughput while its
 actor costs seconds to start and measure (BENCHMARKS.md 2a: all CPU groups together added <= 0.7%).
 """
 
@@ -91,6 +91,7 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
     params = validate_params(f"{where}: executor {name}", EXECUTOR_PARAMS,
                              {k: raw[k] for k in EXECUTOR_PARAMS if k in raw})
     params["sms"] = params["sms"] or None
+    params["streams"] = params["streams"] or None
     cores = raw.get("cores", [])
     if isinstance(cores, int):
         cores = [cores]
@@ -123,8 +124,8 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node
     group = settings.get("cpu_group_size", "auto")
     if group == "auto":
         group = GPU_BOX_GROUP if gpus else 1
-    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
-        raise UserError(f"cpu_group_size must be auto or a whole number of cores >= 1, got {group!r}")
+    if group != "all" and (isinstance(group, bool) or not isinstance(group, int) or group < 1):
+        raise UserError(f"cpu_group_size must be auto, all or a whole number of cores >= 1, got {group!r}")
     free = list(cores)
     gpu_params = validate_params("auto: gpu", EXECUTOR_PARAMS, settings.get("gpu") or {})
     cpu_params = validate_params("auto: cpu", EXECUTOR_PARAMS, settings.get("cpu") or {})
@@ -142,6 +143,8 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node
             params = {**gpu_params, "sms": sm_shares[g] if parts > 1 else gpu_params.get("sms")}
             out.append(ExecutorSpec(name, "gpu", feed, g, node=node, **params))
     limit = settings.get("max_cpu_groups")
+    if group == "all":  # one group of every core the GPUs leave: a backend's streams spread over them all
+        group = max(1, len(free))
     for k, first in enumerate(range(0, len(free), group)):
         if limit is not None and k >= int(limit):
             break

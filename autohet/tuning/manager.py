@@ -27,7 +27,7 @@ __all__ = ["PoolManager", "regroup"]
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
     """The auto pool re-detected with the trial's pool dims (cpu_group_size, max_cpu_groups, gpu_partitions);
     explicit pools stay as they are."""
-    overrides = {k: int(v) for k, v in pool_params.items() if k in POOL_DIMS
+    overrides = {k: v if v == "all" else int(v) for k, v in pool_params.items() if k in POOL_DIMS
                  and v is not None}
     if not base.auto or not overrides or base.source.startswith("auto on"):
         return base

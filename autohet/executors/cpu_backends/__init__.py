@@ -1,0 +1,36 @@
+"""How a CPU core group runs its model: a backend (name -> factory) builds one program per variant.
+
+``eager`` and ``inductor`` are PyTorch (fp32/bf16, channels_last); ``openvino`` is OpenVINO's CPU plugin
+(f32, or bf16 where the CPU computes it natively; several streams, asynchronous infer requests);
+``onnxruntime`` is ONNX Runtime's CPU provider (fp32). On a CPU, OpenVINO and ONNX Runtime run
+resnet18 1.8-2x faster per core than eager PyTorch (BENCHMARKS.md 14), so a tune that leaves them
+out leaves the CPU at half its speed. Heavy packages are imported only by the backend that uses them.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from autohet.errors import unknown_name
+from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
+
+__all__ = ["CPU_BACKENDS", "CpuBackend", "CpuProgram", "ModelSource", "cpu_backend"]
+
+CPU_BACKENDS: dict[str, str] = {
+    "eager": "autohet.executors.cpu_backends._torch:EagerBackend",
+    "inductor": "autohet.executors.cpu_backends._torch:InductorBackend",
+    "openvino": "autohet.executors.cpu_backends._openvino:OpenVinoBackend",
+    "onnxruntime": "autohet.executors.cpu_backends._onnxruntime:OnnxRuntimeBackend",
+}
+
+_LOADED: dict[str, CpuBackend] = {}
+
+
+def cpu_backend(name: str) -> CpuBackend:
+    """The backend object for ``name`` (one per process)."""
+    if name not in CPU_BACKENDS:
+        raise unknown_name("CPU backend", name, list(CPU_BACKENDS))
+    if name not in _LOADED:
+        module, _, cls = CPU_BACKENDS[name].partition(":")
+        _LOADED[name] = getattr(importlib.import_module(module), cls)()
+    return _LOADED[name]

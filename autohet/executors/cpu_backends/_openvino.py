@@ -1,0 +1,142 @@
+"""OpenVINO's CPU plugin: the model converted to IR once, compiled per executor with its threads,
+precision and streams, fed by asynchronous infer requests so every stream stays busy.
+
+Threads: OpenVINO sizes its thread pool from the *process's* CPU mask at its first compile and, with
+``ENABLE_CPU_PINNING``, re-pins the calling thread to that mask. An executor actor runs on its
+process's main thread, pinned to the group's cores before anything compiles, so its OpenVINO threads
+stay on those cores. An in-process executor (a thread of a bigger process) compiles with pinning off
+and ``INFERENCE_NUM_THREADS`` = its cores: its own thread stays pinned, and OpenVINO's helper threads
+(more than one core or stream) may run on any core of the process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
+from autohet.executors.cpu_backends._cache import converted
+
+if TYPE_CHECKING:
+    from autohet.executors.base import ExecutorSpec
+
+__all__ = ["OpenVinoBackend", "OpenVinoProgram"]
+
+_CORE: Any = None
+_CORE_LOCK = threading.Lock()
+
+
+def _core() -> Any:
+    global _CORE
+    with _CORE_LOCK:
+        if _CORE is None:
+            import openvino as ov
+
+            _CORE = ov.Core()
+    return _CORE
+
+
+def _owns_process(cores: tuple[int, ...]) -> bool:
+    """Whether the calling thread is the process's main thread, already pinned to ``cores`` (an actor)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(os, "sched_getaffinity"):
+        return False
+    return os.sched_getaffinity(0) == set(cores)
+
+
+class OpenVinoProgram(CpuProgram):
+    """A compiled model at a static batch and an infer-request queue over it; a unit's batches are
+    queued at once and their outputs placed by position as they complete (in any order)."""
+
+    def __init__(self, compiled: Any, batch: int, shape: tuple[int, ...]) -> None:
+        import openvino as ov
+
+        self.compiled, self.batch, self.shape = compiled, batch, shape
+        self.requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        self.queue = ov.AsyncInferQueue(compiled, self.requests)
+        self.queue.set_callback(self._done)
+        self._out: np.ndarray | None = None
+        self._lock = threading.Lock()  # one unit at a time: the callback writes into this unit's array
+
+    def _done(self, request: Any, where: tuple[int, int]) -> None:
+        start, count = where
+        assert self._out is not None
+        self._out[start : start + count] = request.get_output_tensor(0).data[:count]  # copied: the request is reused
+
+    def run(self, x: np.ndarray, batch: int) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        with self._lock:
+            self._out = None
+            for offset in range(0, len(x), self.batch):
+                rows = x[offset : offset + self.batch]
+                count = len(rows)
+                if count < self.batch:  # one compiled shape: a partial batch padded with zero rows
+                    rows = np.concatenate([rows, np.zeros((self.batch - count, *rows.shape[1:]), np.float32)])
+                if self._out is None:
+                    classes = self.compiled.output(0).get_partial_shape()[1].get_length()
+                    self._out = np.empty((len(x), classes), dtype=np.float32)
+                self.queue.start_async({0: rows}, (offset, count))
+            self.queue.wait_all()
+            out, self._out = self._out, None
+        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")  # what runs: bf16 or f32
+        return {"openvino_precision": hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint),
+                "openvino_streams": int(self.compiled.get_property("NUM_STREAMS")),
+                "openvino_threads": int(self.compiled.get_property("INFERENCE_NUM_THREADS")),
+                "openvino_requests": self.requests}
+
+
+class OpenVinoBackend(CpuBackend):
+    name = "openvino"
+    precisions = ("fp32", "bf16")
+
+    def missing(self) -> str | None:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            return "openvino is not installed (pip install openvino)"
+        return None
+
+    def refuse(self, precision: str) -> str | None:
+        from autohet.executors.machine import native_cpu_bf16
+
+        if precision == "bf16" and not native_cpu_bf16():
+            return ("OpenVINO bf16 needs AVX512-BF16 or AMX (this CPU would run it as f32 under a bf16 label); "
+                    "set precision: fp32")
+        return super().refuse(precision)
+
+    def variant_key(self, spec: ExecutorSpec) -> tuple:
+        return (*super().variant_key(spec), spec.batch, spec.streams)
+
+    def build(self, source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...]) -> CpuProgram:
+        import openvino as ov
+        import torch
+
+        def write(path: Any) -> None:
+            example = torch.zeros((1, *shape))
+            model = ov.convert_model(source.module().eval(), example_input=example, input=[(-1, *shape)])
+            ov.save_model(model, str(path), compress_to_fp16=False)  # fp16 weights would differ by ~2e-3
+
+        started = time.perf_counter()
+        xml = converted("openvino", source, shape, f"openvino-{ov.__version__}", (".xml", ".bin"), write)
+        model = _core().read_model(str(xml))
+        model.reshape([spec.batch, *shape])
+        threads = max(1, len(spec.cores))
+        config: dict[str, Any] = {
+            # explicit: on AMX and AVX512-BF16 CPUs OpenVINO's default is bf16, so fp32 must be asked for
+            "INFERENCE_PRECISION_HINT": "bf16" if spec.precision == "bf16" else "f32",
+            "INFERENCE_NUM_THREADS": threads,
+            "ENABLE_CPU_PINNING": _owns_process(spec.cores),
+        }
+        if spec.streams:
+            config["NUM_STREAMS"] = min(spec.streams, threads)
+        else:
+            config["PERFORMANCE_HINT"] = "THROUGHPUT"
+        program = OpenVinoProgram(_core().compile_model(model, "CPU", config), spec.batch, shape)
+        program.compile_s = time.perf_counter() - started
+        return program
