@@ -116,10 +116,23 @@ def test_least_recently_used_idle_actors_are_ended_above_the_cap(nine_core_gpu_m
 def test_the_fastest_valid_run_is_remembered() -> None:
     manager = PoolManager(load_pool("actors/cpu2.yaml"), ModelSpec("lenet"),
                           Workload(np.zeros((1, 1, 28, 28), dtype=np.float32), 8), "t", pool_factory=FakePool)
-    assert manager.fastest_wall() is None
-    for wall in (2.0, 0.5, 1.0):
-        manager.record_wall(wall)
-    assert manager.fastest_wall() == 0.5
+    assert manager.best_speed() is None
+    for ips in (200.0, 800.0, 400.0):
+        manager.record_speed(ips)
+    assert manager.best_speed() == 800.0
+
+
+def test_a_trial_is_sized_to_its_target_seconds_at_the_best_speed_known() -> None:
+    from autohet.tuning.trainable import TrialSizing
+
+    sizing = TrialSizing(target_s=3.0, min_images=32, max_images=1_000_000, base_ips=1000.0)
+    assert sizing.images(None) == 2896  # 3000 images, rounded to a power of sqrt(2) (2^11.5)
+    assert sizing.images(500.0) == 2896  # a slower trial does not shrink the next ones
+    assert sizing.images(160_000.0) == 524288  # 480000 -> 2^19: no fixed cap of 100000 (0.6 s trials)
+    assert TrialSizing(3.0, 32, 100_000, 160_000.0).images(None) == 100_000  # the output cap holds
+    assert TrialSizing(3.0, 32, 100, 1.0).images(None) == 32
+    assert sizing.deadline(2896) == pytest.approx(28.96) and sizing.deadline(10) == 20.0
+    assert TrialSizing(3.0, 32, 100, 1.0, timeout_s=7.0).deadline(50) == 7.0
 
 
 def test_executor_class_ignores_name_and_which_cores() -> None:
@@ -165,3 +178,24 @@ def test_the_end_of_a_tune_reports_a_busy_manager_without_waiting_for_it() -> No
     line = progress.breakdown(None)
     assert line.startswith("autohet: 0 trials in ") and "ended with them" in line
     assert "executor topologies" in progress.breakdown({"topologies_started": 2})
+
+
+def test_the_breakdown_says_what_cut_trials_cost_of_the_budget() -> None:
+    from autohet.objectives import ObjectiveSet
+    from autohet.tuning.progress import Progress
+
+    progress = Progress(3, ObjectiveSet.parse("throughput"), 0, time_budget_s=600.0)
+    for status, seconds in (("ok", 10.0), ("cut", 45.0), ("cut", 15.0)):
+        progress.update({"status": status, "time.trial_s": seconds, "strategy": "fifo"})
+    assert "trials: 1 ok, 2 cut (cut trials 60 s, 10% of the time budget)" in progress.breakdown({})
+
+
+def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_best_trial() -> None:
+    from autohet.tuning.trainable import ENGINE_HEADROOM, engine_shortfall
+
+    why = engine_shortfall("pipeline", 7.3, [2.1, 2.0], ["cpu0", "cpu1"])  # vgg16: two eager cores vs OpenVINO
+    assert why == ("pipeline cannot beat the best trial's 7.3 img/s: its devices (cpu0, cpu1) run the whole model "
+                   f"at 4.1 img/s together, each at its best measured setting (under 1/{ENGINE_HEADROOM:g} of it)")
+    assert engine_shortfall("pipeline", 6.0, [2.1, 2.0], ["a", "b"]) is None  # within the headroom: it runs
+    assert engine_shortfall("pipeline", 7.3, [2.1, None], ["a", "b"]) is None  # a device never measured
+    assert engine_shortfall("pipeline", None, [2.1, 2.0], ["a", "b"]) is None  # no valid trial yet

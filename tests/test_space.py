@@ -67,13 +67,59 @@ def test_decode_round_trip():
 
 
 def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
+    from autohet.tuning.initial import CPU_VARIANTS
+
     space = load_search_space("search_spaces")
     points = initial_points(space, load_pool("actors/cpu2.yaml"))
-    assert points[0]["strategy"] == "single" and points[0]["single.executor"] == 0
-    assert sum(p["strategy"] == "single" for p in points) == 1  # both executors are 1-core CPUs
+    singles = [p for p in points if p["strategy"] == "single"]
+    assert points[: len(singles)] == singles and all(p["single.executor"] == 0 for p in singles)
+    # each CPU backend and precision, the fastest known first, the pool file's own setting last
+    ran = [(p["exec.cpu.backend"], p["exec.cpu.precision"], p["exec.cpu.channels_last"]) for p in singles]
+    assert ran == [*CPU_VARIANTS, ("eager", "fp32", False)]
     assert {p["strategy"] for p in points} == set(space.strategies)
     fast = next(p for p in points if p["strategy"] == "fast_split")
     assert fast["fast_split.w_s"] == 64 and fast["exec.cpu.batch"] == 64  # the seed's defaults on a CPU-only pool
+
+
+def test_the_cpu_singles_of_an_auto_pool_run_one_group_of_every_core(monkeypatch):
+    import autohet.pool.spec as pool_spec_module
+    from autohet.tuning.initial import staged_points
+
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 0)
+    space = load_search_space("search_spaces")
+    first = staged_points(space, load_pool("actors/auto.yaml"))
+    assert all(p["pool.cpu_group_size"] == "all" and p["single.executor"] == 0 for p in first.singles)
+    assert all(p["pool.cpu_group_size"] == 1 for p in first.strategies)  # the pool's own groups, to split over
+
+
+def test_stage_two_runs_each_kind_at_its_best_singles_settings():
+    """StagedSearch enqueues the strategies only once every single reported, with the best single's
+    executor settings; a single that is not ok never sets them."""
+    from autohet.objectives import ObjectiveSet
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    pool = load_pool("actors/cpu2.yaml")
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}))
+    first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": b, "exec.cpu.batch": 16,
+              "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0}
+             for b in ("openvino", "onnxruntime", "eager")]
+    later = [{"strategy": "fifo", "fifo.c": 128, "exec.cpu.backend": "eager", "exec.cpu.batch": 64}]
+    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
+                          later=later, kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"), seed=0)
+    figures = {"openvino": ("ok", 90.0), "onnxruntime": ("invalid", 500.0), "eager": ("ok", 40.0)}
+    configs = [search.suggest(f"t{n}") for n in range(3)]
+    for n, config in enumerate(configs):
+        assert config["strategy"] == "single"
+        assert search.suggest("early") is None  # stage two waits for every single's figure
+        status, value = figures[config["exec.cpu.backend"]]
+        search.on_trial_complete(f"t{n}", {"status": status, "objective_value": value})
+    stage_two = search.suggest("t3")
+    assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
+    assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
+    assert search.best["cpu"][0] == 90.0
 
 
 def test_restrict_keeps_single_and_checks_names():
@@ -120,7 +166,10 @@ def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
     fast = next(p for p in points if p["strategy"] == "fast_split")  # defaults that suit a GPU next to cores
     assert (fast["fast_split.unit"], fast["fast_split.w_s"], fast["fast_split.threshold"]) == ("batches", 2, 1)
     assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
-    assert [p["single.executor"] for p in singles].count(1) == 1
+    from autohet.tuning.initial import CPU_VARIANTS
+
+    assert [p["single.executor"] for p in singles].count(1) == len(CPU_VARIANTS) + 1  # the CPU group's variants
+    assert [p["single.executor"] for p in singles][-len(CPU_VARIANTS) - 1:] == [1] * (len(CPU_VARIANTS) + 1)
     # right after the GPU at its defaults: torch.compile (inductor), then CUDA graphs, then the batches
     assert [p.get("exec.gpu.backend") for p in singles[1:3]] == ["inductor", "cudagraphs"]
     assert singles[3]["exec.gpu.backend"] == singles[0]["exec.gpu.backend"]
@@ -136,7 +185,14 @@ def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):
     monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 1)
     space = load_search_space("search_spaces")
     points = initial_points(space, load_pool("actors/auto.yaml"))
-    assert points and all(p["pool.gpu_partitions"] == 1 and p["pool.cpu_group_size"] == 4 for p in points)
+    assert points and all(p["pool.gpu_partitions"] == 1 for p in points)
+    # one switch and back: the CPU group's singles, together, on one group of the 15 free cores
+    sizes = [p["pool.cpu_group_size"] for p in points]
+    first_all = sizes.index("all")
+    n_all = sizes.count("all")
+    assert sizes[first_all : first_all + n_all] == ["all"] * n_all and set(sizes) == {4, "all"}
+    assert all(p["strategy"] == "single" and p["single.executor"] == 1 for p in points if p["pool.cpu_group_size"]
+               == "all")
 
 
 def test_a_latency_space_drops_batch_and_its_first_points_try_compiled_graphs_first():

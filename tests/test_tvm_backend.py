@@ -163,7 +163,7 @@ def test_bench_tvm_gpu_smoke_tunes_and_times_lenet_on_the_cpu(tvm_dir: Path, tmp
     out = tmp_path / "smoke.json"
     env = {**os.environ, "AUTOHET_TVM_DIR": str(tvm_dir), "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run([sys.executable, "-m", "bench.tvm_gpu", "--smoke", "--out", str(out)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=400)
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["complete"] and data["device"] == "cpu" and data["target"]["kind"] == "llvm"

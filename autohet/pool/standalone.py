@@ -23,6 +23,10 @@ def executor_class(spec: ExecutorSpec) -> ExecutorSpec:
     return replace(spec, name="", cores=tuple(range(len(spec.cores))))
 
 
+def _device(spec: ExecutorSpec) -> tuple:
+    return (spec.kind, spec.cores, spec.gpu, spec.node, spec.sms, spec.needs_gpu, spec.speed_ips)
+
+
 class StandaloneCache:
     """Standalone throughputs by executor class, configuration and unit cap."""
 
@@ -47,6 +51,14 @@ class StandaloneCache:
                          + (f" (and {same - 1} like it)" if same > 1 else ""))
             self.values[key] = pool.standalone_ips(seconds, max_images, indices=[index])[0]
         return [self.values[key] for key in keys]
+
+    def known_any(self, spec: ExecutorSpec, backends: tuple[str, ...] | None = None) -> float | None:
+        """The best figure known for this executor's device (its kind, core count, GPU or share) at any
+        configuration with one of ``backends`` (any, by default), or None where none was measured."""
+        device = _device(executor_class(spec))
+        found = [v for (c, _), v in self.values.items()
+                 if _device(c) == device and v > 0 and (backends is None or c.backend in backends)]
+        return max(found) if found else None
 
     def known(self, spec: ExecutorSpec) -> float | None:
         """The best figure known for this executor's class and configuration (any unit cap), or None."""

@@ -1,12 +1,16 @@
-"""The tune's first points: the best single executor is found before any mixed configuration.
+"""The tune's first points: each device made fast alone before any configuration splits the work.
 
-Single on the first executor of each kind and size (a GPU at each of its backend, then batch
-choices: the figure every mixed configuration must beat, so the result is never below the best
-single executor measured), then every strategy at the defaults that suit the pool.
+Stage one is ``single`` on each kind of executor: a GPU at each of its backends, then batch choices;
+a CPU group (one group of every core, where the pool is auto-detected) at each CPU backend and
+precision, the fastest known first. Its best figure is the one every mixed configuration must beat,
+so the result is never below the best single executor measured. Stage two is every strategy at the
+defaults that suit the pool, with each executor kind at the settings of its best single in stage
+one (``StagedSearch`` fills them in once stage one has run: ``with_best``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from autohet.pool import PoolSpec
@@ -15,13 +19,35 @@ from autohet.strategies import get_strategy
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.space import SearchSpace
 
-__all__ = ["initial_points"]
+__all__ = ["CPU_VARIANTS", "FirstPoints", "initial_points", "staged_points", "with_best"]
 
 # the compiled backends first, for both objectives: inductor, then CUDA graphs. At batch 1 inductor
 # is compiled and then captured, and beat the plain CUDA graph on the H100 box (0.22 vs 0.39 ms
 # resnet18, 0.42 vs 0.77 ms mobilenet_v2; a 150 s mobilenet_v2 tune that tried the graph first
 # ended on it)
 _BACKEND_FIRST = {"inductor": 0, "cudagraphs": 1}
+
+# A CPU group's variants (backend, precision, channels_last), the fastest first as measured on the
+# 2-core box (vgg16, 2 threads: OpenVINO bf16 14.4 img/s, eager bf16 channels_last 12.3, ONNX Runtime
+# 7.1, OpenVINO f32 7.3, eager fp32 channels_last 6.1, eager fp32 4.2) and the H100 box's 15 cores
+# (resnet18: OpenVINO bf16 731, inductor bf16 channels_last 556, eager bf16 channels_last 318, ONNX
+# Runtime 235; issue 26). Variants the space leaves out (bf16 without AVX512-BF16/AMX, a backend not
+# installed) are skipped; the pool's own setting comes last.
+CPU_VARIANTS: tuple[tuple[str, str, bool], ...] = (
+    ("openvino", "bf16", False), ("eager", "bf16", True), ("onnxruntime", "fp32", False),
+    ("openvino", "fp32", False), ("inductor", "bf16", True), ("eager", "fp32", True),
+)
+
+
+@dataclass
+class FirstPoints:
+    """Stage one (singles, run first) and stage two (strategies, given the best singles' settings)."""
+
+    singles: list[dict[str, Any]]
+    strategies: list[dict[str, Any]]
+
+    def all(self) -> list[dict[str, Any]]:
+        return self.singles + self.strategies
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
@@ -30,7 +56,7 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
         first = next(e for e in pool.executors if e.kind == kind)
         for name, dim in space.executors.get(kind, {}).items():
             value = first.executor_params().get(name)
-            if value is None and name == "sms":
+            if value is None and name in ("sms", "streams"):
                 value = 0
             if dim.contains(value):
                 out[f"exec.{kind}.{name}"] = value
@@ -46,38 +72,89 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
     return out
 
 
-def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
-                   mode: str = "throughput") -> list[dict[str, Any]]:
-    """Single per executor kind and size (GPUs at each backend, then batch choice), then every strategy
-    at its pool-suited defaults (values outside the space are left to the sampler). ``mode``: the
-    objective's: latency puts every GPU on CUDA graphs and tries the GPU alone with inductor first."""
+def _cpu_group(space: SearchSpace, pool: PoolSpec) -> tuple[int, dict[str, Any]] | None:
+    """The CPU group whose singles stage one runs, and the pool dims that make it: one group of every
+    core where the pool is auto-detected and the space has ``cpu_group_size: all``, else the pool's
+    largest group."""
+    size = space.pool.get("cpu_group_size")
+    if pool.auto and size is not None and size.contains("all"):
+        from autohet.tuning.manager import regroup
+
+        whole = regroup(pool, {"cpu_group_size": "all"})
+        index = next((i for i, e in enumerate(whole.executors) if e.kind == "cpu"), None)
+        return None if index is None else (index, {"pool.cpu_group_size": "all"})
+    cpus = [i for i, e in enumerate(pool.executors) if e.kind == "cpu"]
+    if not cpus:
+        return None
+    return max(cpus, key=lambda i: (len(pool.executors[i].cores), -i)), {}
+
+
+def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """Single on the CPU group at each variant of ``CPU_VARIANTS`` the space holds, then at its pool
+    settings (the slowest variant where the pool file names none: eager fp32)."""
+    found = _cpu_group(space, pool)
+    if found is None:
+        return []
+    index, pool_dims = found
+    base = {"strategy": "single", "single.executor": index, **defaults, **pool_dims}
+    dims = space.executors.get("cpu", {})
+    points = []
+    seen = {tuple(base.get(f"exec.cpu.{k}") for k in ("backend", "precision", "channels_last"))}
+    for backend, precision, layout in CPU_VARIANTS:
+        point = dict(base)
+        for name, value in (("backend", backend), ("precision", precision), ("channels_last", layout)):
+            dim = dims.get(name)
+            if dim is not None and not dim.contains(value):
+                break  # the space leaves this variant out (on this machine)
+            if dim is not None:
+                point[f"exec.cpu.{name}"] = value
+        else:
+            key = tuple(point.get(f"exec.cpu.{k}") for k in ("backend", "precision", "channels_last"))
+            if key not in seen:
+                seen.add(key)
+                points.append(point)
+    return [*points, base]
+
+
+def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
+    first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
+    would run instead, and a short tune (mobilenet_v2, 5 trials, H100 box) ran out of time before it."""
+    base = {"strategy": "single", "single.executor": index, **defaults}
+    ours: list[dict[str, Any]] = [base]
+    for name in ("backend", "batch"):
+        dim = space.executors.get("gpu", {}).get(name)
+        values = list((dim.values() if dim is not None else None) or [])
+        if name == "backend":
+            values.sort(key=lambda v: _BACKEND_FIRST.get(v, len(_BACKEND_FIRST)))
+        ours += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
+    if mode == "latency" and len(ours) > 1 and ours[1].get("exec.gpu.backend") == "inductor":
+        ours[:2] = ours[1::-1]  # the compiled-and-captured GPU before the plain graph
+    return ours
+
+
+def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
+                  mode: str = "throughput") -> FirstPoints:
+    """Stage one: single per GPU kind and size (each backend, then batch), then the CPU group at each
+    backend and precision; stage two: every strategy at its pool-suited defaults (values outside the
+    space are left to the sampler). ``mode``: the objective's; latency puts every GPU on CUDA graphs
+    and tries the GPU alone with inductor first."""
     defaults = _exec_defaults(space, pool)
     backend = space.executors.get("gpu", {}).get("backend")
     if mode == "latency" and backend is not None and backend.contains("cudagraphs"):
         defaults["exec.gpu.backend"] = "cudagraphs"  # every first point's GPU: batch 1 is launch-bound
-    points: list[dict[str, Any]] = []
+    singles: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(pool.executors):
-        if (e.kind, e.threads) in seen:
+        if (e.kind, e.threads) in seen or e.kind == "cpu":
             continue
         seen.add((e.kind, e.threads))
-        base = {"strategy": "single", "single.executor": i, **defaults}
-        if e.kind != "gpu":
-            points.append(base)
-            continue
-        ours: list[dict[str, Any]] = [base]
-        # one at a time from the defaults (a handful of points, not a grid); the compiled backends first
-        # (for throughput inductor, then CUDA graphs: torch.compile is what a user would run instead,
-        # and a short tune, mobilenet_v2 with 5 trials on the H100 box, ran out of time before reaching it)
-        for name in ("backend", "batch"):
-            dim = space.executors.get("gpu", {}).get(name)
-            values = list((dim.values() if dim is not None else None) or [])
-            if name == "backend":
-                values.sort(key=lambda v: _BACKEND_FIRST.get(v, len(_BACKEND_FIRST)))
-            ours += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
-        if mode == "latency" and len(ours) > 1 and ours[1].get("exec.gpu.backend") == "inductor":
-            ours[:2] = ours[1::-1]  # the compiled-and-captured GPU before the plain graph
-        points += ours
+        if e.kind == "gpu":
+            singles += _gpu_singles(space, i, defaults, mode)
+        else:
+            singles.append({"strategy": "single", "single.executor": i, **defaults})
+    singles += _cpu_singles(space, pool, defaults)
+    strategies = []
     for name, dims in space.strategies.items():
         if name == "single":
             continue
@@ -86,6 +163,20 @@ def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None 
         point = {"strategy": name, **defaults}
         point.update({f"{name}.{p}": values[p] for p, dim in dims.items()
                       if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
-        points.append(point)
-    return points
+        strategies.append(point)
+    return FirstPoints(singles, strategies)
 
+
+def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
+                   mode: str = "throughput") -> list[dict[str, Any]]:
+    """Both stages' points in order, stage two at the pool's own executor settings."""
+    return staged_points(space, pool, ctx, mode).all()
+
+
+def with_best(point: dict[str, Any], best: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A stage-two point with each executor kind at its best single's settings (``best``: kind ->
+    that single's ``exec.<kind>.*`` values); kinds without a valid single keep the pool's own."""
+    out = dict(point)
+    for kind, values in best.items():
+        out.update({k: v for k, v in values.items() if k.startswith(f"exec.{kind}.")})
+    return out

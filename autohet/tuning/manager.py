@@ -63,7 +63,7 @@ class PoolManager:
         self.topologies_started = 0
         self.actors_adopted = 0
         self.actors_replaced = 0
-        self.best_wall: float | None = None
+        self.best_ips: float | None = None
         self.standalone_cache = StandaloneCache()
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
@@ -124,12 +124,12 @@ class PoolManager:
         self.actors_replaced += len(indices)
         self.pool, self.key = None, None
 
-    def record_wall(self, wall_s: float) -> None:
-        """The run time of a valid trial (all trials run the same images): the fastest sets the cut."""
-        self.best_wall = wall_s if self.best_wall is None else min(self.best_wall, wall_s)
+    def record_speed(self, ips: float) -> None:
+        """The throughput of a valid trial: the fastest sets the cut and the next trials' size."""
+        self.best_ips = ips if self.best_ips is None else max(self.best_ips, ips)
 
-    def fastest_wall(self) -> float | None:
-        return self.best_wall
+    def best_speed(self) -> float | None:
+        return self.best_ips
 
     def standalone(self, seconds: float, max_images: int | None) -> list[float]:
         """Standalone throughputs of the live topology's executors: one measurement per executor
@@ -144,6 +144,15 @@ class PoolManager:
         if not 0 <= index < len(self.pool.spec.executors):
             return None  # the strategy's own check reports the bad index
         return self.standalone_cache.known(self.pool.spec.executors[index])
+
+    def device_figures(self, indices: list[int]) -> list[float | None]:
+        """For executors of the live topology, the best standalone figure known for each one's device with
+        PyTorch, any precision, layout or batch (None where none was measured): the engine families run
+        PyTorch on their devices, so no engine run gets more from one."""
+        assert self.pool is not None, "acquire() first"
+        execs = self.pool.spec.executors
+        return [self.standalone_cache.known_any(execs[i], ("eager", "inductor", "cudagraphs"))
+                if 0 <= i < len(execs) else None for i in indices]
 
     def stats(self) -> dict[str, int]:
         return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,

@@ -15,14 +15,16 @@ __all__ = ["Progress"]
 class Progress:
     """Trials done / budget, elapsed, the best so far and the last trial's status."""
 
-    def __init__(self, budget: int, objectives: ObjectiveSet, done_before: int) -> None:
-        self.budget, self.objectives = budget, objectives
+    def __init__(self, budget: int, objectives: ObjectiveSet, done_before: int,
+                 time_budget_s: float | None = None) -> None:
+        self.budget, self.objectives, self.time_budget_s = budget, objectives, time_budget_s
         self.done = done_before
         self.start = time.time()
         self.best: tuple[float, str] | None = None
         self.tty = sys.stderr.isatty()
         self.seconds: dict[str, float] = {}  # summed trial phases (time.*) and MLflow logging
         self.statuses: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        self.status_seconds: dict[str, float] = {}  # trial seconds by status (cut trials' share of the budget)
 
     def update(self, result: dict[str, Any], logging_s: float = 0.0) -> None:
         status = result.get("status", "error")
@@ -33,6 +35,7 @@ class Progress:
             if key.startswith("time.") and isinstance(value, int | float):
                 self.seconds[key[5:]] = self.seconds.get(key[5:], 0.0) + float(value)
         self.seconds["mlflow_log_s"] = self.seconds.get("mlflow_log_s", 0.0) + logging_s
+        self.status_seconds[status] = self.status_seconds.get(status, 0.0) + float(result.get("time.trial_s", 0.0))
         primary = self.objectives.primary
         value = primary.value(result) if status == "ok" else None
         if value is not None and (self.best is None or primary.better(value, self.best[0])):
@@ -61,6 +64,10 @@ class Progress:
         rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)
         acquire = self.seconds.get("acquire_s", 0.0)
         statuses = ", ".join(f"{n} {s}" for s, n in self.statuses.items() if n)
+        if self.statuses.get("cut"):
+            cut = self.status_seconds.get("cut", 0.0)
+            share = f", {100 * cut / self.time_budget_s:.0f}% of the time budget" if self.time_budget_s else ""
+            statuses += f" (cut trials {cut:.0f} s{share})"
         if manager_stats is None:
             return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s; "
                     f"trials: {statuses or 'none'}; the last trial, stopped by the time budget while its executors "

@@ -26,7 +26,7 @@ class TuneSettings:
     images: int | str = "auto"
     target_trial_seconds: float = 3.0
     min_images: int = 32
-    max_images: int = 100000
+    max_images: int | str = "auto"  # auto: as many as keep a trial's outputs within MAX_OUTPUT_BYTES
     check_images: int = 16
     standalone_seconds: float = 0.5
     search_spaces: str = "search_spaces"
@@ -39,9 +39,11 @@ class TuneSettings:
 
     def validate(self) -> TuneSettings:
         self.objective = ObjectiveSet.parse(str(self.objective)).name
-        for name in ("trials", "min_images", "max_images", "check_images", "latency_runs"):
+        for name in ("trials", "min_images", "check_images", "latency_runs"):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_images != "auto" and (not str(self.max_images).isdigit() or int(self.max_images) < 1):
+            raise UserError(f"max_images must be 'auto' or a positive integer, got {self.max_images!r}")
         if float(self.time_budget_s) <= 0:
             raise UserError(f"time budget must be positive seconds, got {self.time_budget_s}")
         if self.images != "auto" and (not str(self.images).isdigit() or int(self.images) < 1):

@@ -12,6 +12,7 @@ waits (capped) for the devices to cool a margin below it, so one hot trial does 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +33,39 @@ from autohet.telemetry import wait_cool
 from autohet.tuning.space import SearchSpace
 from autohet.workload import Workload
 
-__all__ = ["CUT_FLOOR_S", "TrialSetup", "objective_metrics", "run_trial", "trial_metrics", "trial_status",
-           "tune_entry"]
+__all__ = ["CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing", "engine_shortfall",
+           "objective_metrics", "run_trial", "trial_metrics", "trial_status", "tune_entry"]
 
 # The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
 CUT_FLOOR_S = 5.0
+# A throughput trial's outputs (images x classes float32) stay within this: 268k images of resnet18.
+MAX_OUTPUT_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class TrialSizing:
+    """Images per throughput trial: about ``target_s`` of work at the best speed known so far (the
+    pool at its own settings, measured first, or the fastest valid trial since), rounded to a power of
+    sqrt(2) so that few distinct sizes occur (each needs its own reference outputs). On the H100 box
+    a model running 160k img/s ran 0.6 s trials under the old cap of 100000 images, and its best
+    single reached 0.84 of its own standalone speed (issue 26)."""
+
+    target_s: float
+    min_images: int
+    max_images: int
+    base_ips: float
+    timeout_s: float | None = None  # fixed trial timeout; None: max(20 s, 10x the expected run)
+
+    def images(self, best_ips: float | None) -> int:
+        wanted = max(self.base_ips, best_ips or 0.0) * self.target_s
+        if wanted > 1:
+            wanted = 2 ** (round(2 * math.log2(wanted)) / 2)
+        return int(max(self.min_images, min(self.max_images, round(wanted))))
+
+    def deadline(self, images: int) -> float:
+        if self.timeout_s is not None:
+            return self.timeout_s
+        return max(20.0, 10.0 * images / self.base_ips) if self.base_ips > 0 else 60.0
 
 
 @dataclass
@@ -59,6 +88,7 @@ class TrialSetup:
     cool_margin_c: float = 5.0  # before each trial: wait until max_temp - this ...
     cool_max_s: float = 120.0  # ... for at most this long
     pool_spec: PoolSpec | None = None  # the base pool: whose temperatures the cooling wait reads
+    sizing: TrialSizing | None = None  # throughput trials sized by speed (None: every trial runs ``workload``)
 
     @property
     def objectives(self) -> ObjectiveSet:
@@ -150,12 +180,17 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         result.update(objective_metrics(result, objectives))
         return result
 
-    ctx = RunContext(setup.model, setup.workload, setup.check_images, setup.standalone_seconds,
+    workload, deadline_s = setup.workload, setup.deadline_s
+    if setup.sizing is not None and objectives.mode == "throughput":
+        images = setup.sizing.images(ray.get(manager.best_speed.remote()))
+        workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images)
+    ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
                      mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
-                     deadline_s=setup.deadline_s, _reference=dict(setup.reference))
-    # cut_factor compares run walls; an engine job's wall also holds its own measuring (each device
-    # alone, the planner's costs), so it is bounded by the trial timeout alone
-    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup)
+                     deadline_s=deadline_s, _reference=_references(setup))
+    # the cut compares a run's time with the fastest valid speed's for the same images; an engine job's
+    # wall also holds its own measuring (each device alone, the planner's costs), so it is bounded by the
+    # trial timeout alone
+    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup, workload.images)
     if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
         ctx.deadline_s = cut
     else:
@@ -166,7 +201,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         phases["time.compile_s"] = compile_s
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
-        _refuse_hopeless_single(strategy, params, manager, setup)
+        _refuse_hopeless_single(strategy, params, manager, setup, workload.images, ctx.deadline_s)
+        _refuse_hopeless_engine(strategy, params, spec, manager, setup)
         pool = RayPool.attached(spec, actors, (setup.model, setup.workload.images))
         m = run_strategy(strategy, params, pool, ctx)
     except RunTimeout as exc:  # cut: replace the executors still busy with the abandoned work
@@ -180,9 +216,9 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
     status, why = trial_status(m, setup.max_temp)
     if status == "ok" and objectives.mode == "throughput":
-        ray.get(manager.record_wall.remote(m.wall_s))
+        ray.get(manager.record_speed.remote(m.throughput_ips))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
-                           images=setup.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
+                           images=workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
                            executor_params=exec_params, objective=objectives.name,
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                      "efficiency": m.efficiency, "latency_ms": m.latency_ms,
@@ -199,32 +235,83 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     return finish(result)
 
 
-def _cut_deadline(manager: Any, setup: TrialSetup) -> float | None:
-    """Throughput trials all run the same images, so a run ``cut_factor`` times longer than the
-    fastest valid run so far is that much slower: it is cut there instead of run to the end."""
+_REFERENCES: dict[str, np.ndarray] = {}  # this trial process's reference outputs, kept across trials
+
+
+def _references(setup: TrialSetup) -> dict[str, np.ndarray]:
+    """The reference outputs the tune computed, shared by this process's trials: a trial of another
+    size computes its own sample's once (``RunContext.reference`` adds it here)."""
+    for key, value in setup.reference.items():
+        _REFERENCES.setdefault(key, value)
+    return _REFERENCES
+
+
+def _cut_deadline(manager: Any, setup: TrialSetup, images: int) -> float | None:
+    """A throughput run taking ``cut_factor`` times longer than the fastest valid speed so far needs
+    for its images is that much slower: it is cut there instead of run to the end."""
     import ray
 
     if setup.objectives.mode != "throughput" or not setup.cut_factor:
         return None
-    fastest = ray.get(manager.fastest_wall.remote())
-    return None if fastest is None else max(CUT_FLOOR_S, setup.cut_factor * fastest)
+    fastest = ray.get(manager.best_speed.remote())
+    return None if not fastest else max(CUT_FLOOR_S, setup.cut_factor * images / fastest)
 
 
-def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup) -> None:
+def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup,
+                            images: int, deadline_s: float | None) -> None:
     """A `single` trial on an executor already measured too slow to finish before the trial
     deadline is refused at once (e.g. 20000 images on one CPU core of a GPU machine), instead
     of running until it is cut and its actor replaced."""
     import ray
 
-    if strategy != "single" or setup.deadline_s is None or setup.objectives.mode != "throughput":
+    if strategy != "single" or deadline_s is None or setup.objectives.mode != "throughput":
         return
     index = params.get("executor")
     if not isinstance(index, int):
         return
     speed = ray.get(manager.known_standalone.remote(index))
-    if speed and setup.workload.images / speed > setup.deadline_s:
-        raise UserError(f"single on executor {index} would take ~{setup.workload.images / speed:.0f} s at its "
-                        f"measured {speed:.4g} img/s, more than the trial deadline of {setup.deadline_s:.0f} s")
+    if speed and images / speed > deadline_s:
+        raise UserError(f"single on executor {index} would take ~{images / speed:.0f} s at its "
+                        f"measured {speed:.4g} img/s, more than the trial deadline of {deadline_s:.0f} s")
+
+
+# How far an engine family may beat the summed standalone figures of its devices before the bound is
+# wrong: a pipeline on the H100 box ran 1.43x the whole model on its best device (mobilenet_v2,
+# BENCHMARKS 13b; the stages' split relieved a host-bound GPU), within this headroom of its sum.
+ENGINE_HEADROOM = 1.5
+
+
+def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,
+                            setup: TrialSetup) -> None:
+    """A throughput trial of an engine family is refused before it runs when its devices, each at the
+    best figure measured for it at any setting, together fall short of the best valid trial by more
+    than ``ENGINE_HEADROOM``: on the 2-core box four such trials were each cut after ~70 s, 46% of the
+    README main job's budget, next to an OpenVINO single twice as fast as their torch devices."""
+    import ray
+
+    if not get_strategy(strategy).on_engine or setup.objectives.mode != "throughput":
+        return
+    from autohet.strategies._inprocess import default_devices
+
+    indices = list(params.get("devices") or default_devices(spec))
+    why = engine_shortfall(strategy, ray.get(manager.best_speed.remote()),
+                           ray.get(manager.device_figures.remote(indices)),
+                           [spec.executors[i].name if 0 <= i < len(spec.executors) else str(i) for i in indices])
+    if why:
+        raise UserError(why)
+
+
+def engine_shortfall(strategy: str, best: float | None, figures: list[float | None], names: list[str]) -> str | None:
+    """Why an engine family's devices cannot reach ``best`` (see ``_refuse_hopeless_engine``), or None
+    where they might, or where a device has no measured figure yet."""
+    if not best or not figures or any(f is None for f in figures):
+        return None
+    total = float(sum(f for f in figures if f is not None))
+    if ENGINE_HEADROOM * total >= best:
+        return None
+    return (f"{strategy} cannot beat the best trial's {best:.4g} img/s: its devices ({', '.join(names)}) run the "
+            f"whole model at {total:.4g} img/s together, each at its best measured setting (under "
+            f"1/{ENGINE_HEADROOM:g} of it)")
 
 
 def tune_entry(config: dict[str, Any], setup: TrialSetup) -> None:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from autohet.errors import UserError
@@ -78,13 +79,21 @@ def _max_pool_size(pool: PoolSpec, space: SearchSpace, pool_dims: bool) -> int:
                for combo in itertools.product(*choices.values()))
 
 
-def _calibrate_images(manager: Any, settings: TuneSettings) -> tuple[int, float]:
-    """Images per trial (sized to target_trial_seconds) and the base pool's summed throughput."""
+# the synthetic bank of a tune whose trials are sized by speed: images past its distinct ones cycle
+# (``workload.MAX_DISTINCT_BYTES``), so the count only bounds the indices
+_SIZED_BANK = 1 << 30
+
+
+def _sizing(manager: Any, settings: TuneSettings, classes: int) -> Any:
+    """How throughput trials are sized: from the base pool's summed standalone throughput, measured now."""
     import ray
 
-    limit = ray.get(manager.calibrate.remote(settings.standalone_seconds))
-    images = int(limit * settings.target_trial_seconds)
-    return max(settings.min_images, min(settings.max_images, images)), float(limit)
+    from autohet.tuning.trainable import MAX_OUTPUT_BYTES, TrialSizing
+
+    limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
+    cap = int(settings.max_images) if settings.max_images != "auto" else MAX_OUTPUT_BYTES // (4 * max(1, classes))
+    timeout = None if settings.trial_timeout_s == "auto" else float(settings.trial_timeout_s)
+    return TrialSizing(float(settings.target_trial_seconds), int(settings.min_images), max(cap, 1), limit, timeout)
 
 
 def _load_state(state_file: Path, tune_dir: Path, experiment: str, model: ModelSpec, resume: bool,
@@ -116,7 +125,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     from autohet.ray_runtime import init_ray
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome, trial_runs
     from autohet.tuning.callbacks import tune_callbacks
-    from autohet.tuning.initial import initial_points
+    from autohet.tuning.initial import staged_points
     from autohet.tuning.manager import PoolManager
     from autohet.tuning.progress import Progress
     from autohet.tuning.resume import finished_trials, settle_study
@@ -141,7 +150,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     logging.getLogger("ray.train").setLevel(logging.ERROR)
     pool_spec = resolve_pool(settings.pool, address)
-    bank_images = settings.max_images if settings.images == "auto" else int(settings.images)
+    bank_images = _SIZED_BANK if settings.images == "auto" else int(settings.images)
     bank = workload_for(model.name, bank_images, data_seed, npy)
     bank_spec = WorkloadSpec(bank_images, bank.shape, data_seed, npy)
     manager_name = f"autohet-manager-{experiment}-{os.getpid()}"
@@ -151,16 +160,20 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
     try:
         limit: float | None = None
-        if resume:
-            images = int(state["images"])
-        elif objectives.mode == "latency" and settings.images == "auto":
+        sizing = None
+        classes = int(RunContext(model, Workload(bank.bank, 1), 1).reference(
+            np.zeros(1, dtype=np.int64), pool_spec.simulated).shape[1])
+        if objectives.mode == "latency" and settings.images == "auto":
             # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
             # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
             images = max(settings.min_images, settings.latency_runs)
         elif settings.images == "auto":
-            images, limit = _calibrate_images(manager, settings)
+            sizing = _sizing(manager, settings, classes)
+            images, limit = sizing.images(None), sizing.base_ips
         else:
             images = int(settings.images)
+        if resume:
+            images = int(state["images"])
         if limit is None and settings.trial_timeout_s == "auto" and objectives.mode != "latency":
             limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
         deadline_s = settings.trial_timeout(images, limit or 0.0)
@@ -175,7 +188,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
                            cut_factor=float(settings.cut_factor), workload_seed=data_seed, npy=npy,
                            reference=dict(ctx._reference), max_temp=settings.max_temp,
                            cool_margin_c=settings.cool_margin_c, cool_max_s=settings.cool_max_s,
-                           pool_spec=pool_spec)
+                           pool_spec=pool_spec, sizing=sizing)
         _telemetry_notes(settings, pool_spec)
 
         uri = settings.tracking_uri
@@ -195,7 +208,8 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         logger = TrialLogger(uri, experiment_id, parent_id, platform)
 
         import optuna
-        from ray.tune.search.optuna import OptunaSearch
+
+        from autohet.tuning.search import SingleKind, StagedSearch
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         storage = optuna.storages.RDBStorage(f"sqlite:///{exp_dir / 'optuna.db'}")
@@ -209,7 +223,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         done_before = len(finished_trials(earlier))
         logged = {r.data.tags.get("tune_trial_id") for r in earlier}
         remaining = settings.trials - done_before
-        progress = Progress(settings.trials, objectives, done_before)
+        progress = Progress(settings.trials, objectives, done_before, float(settings.time_budget_s))
         if remaining > 0:
             pool_dims = bool(pool_spec.auto) and bool(space.pool)
             space_ctx = space_context(space, pool_spec, model, pool_dims)
@@ -217,10 +231,12 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             mode = [o.direction for o in objectives.objectives] if objectives.multi else objectives.primary.direction
             sampler = (optuna.samplers.NSGAIISampler(seed=settings.seed) if objectives.multi
                        else optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=5))
-            searcher = OptunaSearch(
+            # the first points were enqueued in the study by the first run; a resume finds the rest there
+            first = None if resume else staged_points(space, pool_spec, space_ctx, objectives.mode)
+            searcher = StagedSearch(
                 DefineByRun(space, space_ctx), metric=metric, mode=mode,
-                # the first points were enqueued in the study by the first run; a resume finds the rest there
-                points_to_evaluate=None if resume else initial_points(space, pool_spec, space_ctx, objectives.mode),
+                points_to_evaluate=first.singles if first else None, later=first.strategies if first else None,
+                kind_of=SingleKind(pool_spec), objectives=objectives,
                 sampler=sampler, study_name=experiment, storage=storage, seed=settings.seed)
             # the budget covers the whole command: set-up so far, and about 15 s to export at the end
             left = settings.time_budget_s - (time.time() - started) - 15.0

@@ -1,0 +1,81 @@
+"""OptunaSearch with the tune's two stages of first points (``autohet.tuning.initial``).
+
+Stage one's singles are enqueued at once, as Optuna's first points always were. Stage two's
+strategy points wait until every single has reported, then go in with each executor kind at its
+best single's settings: a data-parallel trial on CPU groups runs OpenVINO bf16 where the singles
+found it fastest, not the pool file's eager fp32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune.search.optuna import OptunaSearch
+
+from autohet.objectives import ObjectiveSet
+from autohet.pool import PoolSpec
+from autohet.tuning.initial import with_best
+
+__all__ = ["SingleKind", "StagedSearch"]
+
+
+class StagedSearch(OptunaSearch):
+    """``later``: stage two's points; ``kind_of(config)``: the executor kind a single's config ran on;
+    ``objectives``: which figure makes a single best (the primary objective's)."""
+
+    def __init__(self, *args: Any, later: list[dict[str, Any]] | None = None,
+                 kind_of: Callable[[dict[str, Any]], str | None] | None = None,
+                 objectives: ObjectiveSet | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._first = len(kwargs.get("points_to_evaluate") or [])
+        self._later = list(later or [])
+        self._kind_of = kind_of
+        self._objectives = objectives
+        self._configs: dict[str, dict[str, Any]] = {}
+        self._finished = 0
+        self.best: dict[str, tuple[float, dict[str, Any]]] = {}  # kind -> (figure, its exec.<kind>.* values)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self._later and len(self._configs) >= self._first and self._finished < self._first:
+            return None  # Tune asks again: the last single is still reporting, and stage two needs it
+        if self._later and self._finished >= self._first:
+            best = {kind: values for kind, (_, values) in self.best.items()}
+            for point in self._later:
+                self._ot_study.enqueue_trial(with_best(point, best))
+            self._later = []
+        config = super().suggest(trial_id)
+        if config is not None:
+            self._configs[trial_id] = config
+        return config
+
+    def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
+        super().on_trial_complete(trial_id, result, error)
+        self._finished += 1
+        config = self._configs.get(trial_id) or {}
+        if not result or result.get("status") != "ok" or config.get("strategy") != "single":
+            return
+        kind = self._kind_of(config) if self._kind_of is not None else None
+        value = result.get("objective_value")
+        if kind is None or value is None or self._objectives is None:
+            return
+        known = self.best.get(kind)
+        if known is None or self._objectives.primary.better(float(value), known[0]):
+            self.best[kind] = (float(value), {k: v for k, v in config.items() if k.startswith(f"exec.{kind}.")})
+
+
+class SingleKind:
+    """Picklable (Tune checkpoints its searcher): the kind of executor a ``single`` config ran on,
+    in the topology its pool dims make of ``pool``."""
+
+    def __init__(self, pool: PoolSpec) -> None:
+        self.pool = pool
+
+    def __call__(self, config: dict[str, Any]) -> str | None:
+        from autohet.tuning.manager import regroup
+        from autohet.tuning.space import SearchSpace
+
+        _, params, _, pool_params = SearchSpace.decode(config)
+        executors = regroup(self.pool, pool_params).executors
+        index = params.get("executor")
+        return executors[index].kind if isinstance(index, int) and 0 <= index < len(executors) else None
