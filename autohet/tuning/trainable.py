@@ -33,8 +33,8 @@ from autohet.telemetry import wait_cool
 from autohet.tuning.space import SearchSpace
 from autohet.workload import Workload
 
-__all__ = ["CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing", "engine_shortfall",
-           "objective_metrics", "run_trial", "trial_metrics", "trial_status", "tune_entry"]
+__all__ = ["CPU_ENGINE_HEADROOM", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing",
+           "engine_shortfall", "objective_metrics", "run_trial", "trial_metrics", "trial_status", "tune_entry"]
 
 # The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
 CUT_FLOOR_S = 5.0
@@ -276,9 +276,11 @@ def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any,
 
 
 # How far an engine family may beat the summed standalone figures of its devices before the bound is
-# wrong: a pipeline on the H100 box ran 1.43x the whole model on its best device (mobilenet_v2,
-# BENCHMARKS 13b; the stages' split relieved a host-bound GPU), within this headroom of its sum.
+# wrong. With a GPU among them: a pipeline on the H100 box ran 1.43x the whole model on its best device
+# (mobilenet_v2, BENCHMARKS 13b; the stages' split relieved a host-bound GPU). CPU groups alone split
+# the same arithmetic over the same cores: their sum is the bound, the margin only the measurement's.
 ENGINE_HEADROOM = 1.5
+CPU_ENGINE_HEADROOM = 1.1
 
 
 def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,
@@ -293,25 +295,27 @@ def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpe
         return
     from autohet.strategies._inprocess import default_devices
 
-    indices = list(params.get("devices") or default_devices(spec))
+    indices = [i for i in (params.get("devices") or default_devices(spec)) if 0 <= i < len(spec.executors)]
+    chosen = [spec.executors[i] for i in indices]
+    headroom = ENGINE_HEADROOM if any(e.uses_gpu for e in chosen) else CPU_ENGINE_HEADROOM
     why = engine_shortfall(strategy, ray.get(manager.best_speed.remote()),
-                           ray.get(manager.device_figures.remote(indices)),
-                           [spec.executors[i].name if 0 <= i < len(spec.executors) else str(i) for i in indices])
+                           ray.get(manager.device_figures.remote(indices)), [e.name for e in chosen], headroom)
     if why:
         raise UserError(why)
 
 
-def engine_shortfall(strategy: str, best: float | None, figures: list[float | None], names: list[str]) -> str | None:
+def engine_shortfall(strategy: str, best: float | None, figures: list[float | None], names: list[str],
+                     headroom: float = ENGINE_HEADROOM) -> str | None:
     """Why an engine family's devices cannot reach ``best`` (see ``_refuse_hopeless_engine``), or None
     where they might, or where a device has no measured figure yet."""
     if not best or not figures or any(f is None for f in figures):
         return None
     total = float(sum(f for f in figures if f is not None))
-    if ENGINE_HEADROOM * total >= best:
+    if headroom * total >= best:
         return None
     return (f"{strategy} cannot beat the best trial's {best:.4g} img/s: its devices ({', '.join(names)}) run the "
-            f"whole model at {total:.4g} img/s together, each at its best measured setting (under "
-            f"1/{ENGINE_HEADROOM:g} of it)")
+            f"whole model at {total:.4g} img/s together, each at its best measured PyTorch setting (under "
+            f"1/{headroom:g} of it)")
 
 
 def tune_entry(config: dict[str, Any], setup: TrialSetup) -> None:

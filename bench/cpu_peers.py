@@ -1,0 +1,239 @@
+"""autohet on CPU cores against what a user could run on the same cores instead, in one run (issue 26).
+
+Peers, each pinned to the same cores with as many threads, images in batches of ``--batch``:
+
+- PyTorch eager and inductor (``torch.compile``), fp32 and bf16, NCHW and channels_last;
+- ONNX Runtime's CPU provider (fp32, its graph optimisations, intra-op threads = the cores);
+- OpenVINO f32 and bf16, with the THROUGHPUT hint (a request per stream, all kept busy) and the
+  LATENCY hint (one request at a time).
+
+bf16 peers run only where the CPU computes bf16 (AVX512-BF16 or AMX); elsewhere PyTorch emulates it,
+many times slower than fp32, and OpenVINO silently runs f32: they are listed as skipped with why.
+Then autohet: a tune (``--readme``: exactly the README's main job, ``autohet tune --model vgg16``
+with the default budget and the auto pool; otherwise ``--pool``/``--time-budget``), its exported
+config rerun with ``autohet run --config``, and the ratio to the best peer. The tune's end-of-tune
+breakdown (cut trials' share of the budget, acquire share) is kept in the row.
+
+    python -m bench.cpu_peers --models vgg16,resnet18 --readme            # 2-core box: the issue's figure
+    python -m bench.cpu_peers --models resnet18,mobilenet_v2 --cores 1-15 --time-budget 300   # H100 box's CPU
+    python -m bench.cpu_peers --smoke                                        # lenet, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench._common import emit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_cores(text: str | None) -> list[int]:
+    """``1-15`` or ``0,1``; default: every core this process may use."""
+    if not text:
+        return sorted(os.sched_getaffinity(0))
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def rate(fn: Callable[[], Any], images: int, min_s: float) -> float:
+    """Images per second of ``fn`` (``images`` per call): one untimed call, then calls until ``min_s``
+    have passed and at least two ran."""
+    fn()
+    calls, start = 0, time.perf_counter()
+    while calls < 2 or time.perf_counter() - start < min_s:
+        fn()
+        calls += 1
+    return calls * images / (time.perf_counter() - start)
+
+
+def torch_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool, compile_: bool) -> dict[str, Any]:
+    import torch
+
+    from autohet.executors.compiled import compile_module
+    from autohet.models import build_model, input_shape
+
+    torch.set_num_threads(threads)
+    out: dict[str, Any] = {}
+    base = build_model(name).eval()
+    x32 = torch.randn((batch, *input_shape(name)))
+    for precision in ("fp32", "bf16"):
+        if precision == "bf16" and not bf16:
+            out["torch_bf16"] = "skipped: no AVX512-BF16/AMX (PyTorch would emulate bf16)"
+            continue
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        for layout in ("nchw", "cl"):
+            fmt = torch.channels_last if layout == "cl" else torch.contiguous_format
+            model = build_model(name).eval().to(dtype).to(memory_format=fmt)
+            x = x32.to(dtype).contiguous(memory_format=fmt)
+            with torch.inference_mode():
+                out[f"eager_{precision}_{layout}_ips"] = rate(lambda m=model, x=x: m(x), batch, min_s)
+            if compile_:
+                compiled, seconds = compile_module(model, "default", x)
+                out[f"inductor_{precision}_{layout}_compile_s"] = seconds
+                with torch.inference_mode():
+                    out[f"inductor_{precision}_{layout}_ips"] = rate(lambda c=compiled, x=x: c(x), batch, min_s)
+    del base
+    return out
+
+
+def onnxruntime_peer(name: str, batch: int, threads: int, min_s: float, work: Path) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    from autohet.executors.cpu_backends._onnxruntime import export_onnx
+    from autohet.models import build_model, input_shape
+
+    path = work / f"{name}.onnx"
+    export_onnx(build_model(name), input_shape(name), path)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads  # the same cores (left at 0, ORT runs a thread per physical core)
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((batch, *input_shape(name)), dtype=np.float32)
+    return {"onnxruntime_fp32_ips": rate(lambda: session.run(None, {session.get_inputs()[0].name: x}), batch, min_s)}
+
+
+def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool) -> dict[str, Any]:
+    import openvino as ov
+    import torch
+
+    from autohet.models import build_model, input_shape
+
+    shape = input_shape(name)
+    core = ov.Core()
+    model = ov.convert_model(build_model(name).eval(), example_input=torch.zeros((1, *shape)))
+    model.reshape([batch, *shape])
+    x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
+    out: dict[str, Any] = {}
+    for precision in ("f32", "bf16"):
+        if precision == "bf16" and not bf16:
+            out["openvino_bf16"] = "skipped: no AVX512-BF16/AMX (OpenVINO would run f32)"
+            continue
+        for hint in ("THROUGHPUT", "LATENCY"):
+            config = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads}
+            compiled = core.compile_model(model, "CPU", config)
+            requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+            queue = ov.AsyncInferQueue(compiled, requests)
+
+            def batches(q: Any = queue, n: int = requests) -> None:  # one batch per request, all busy
+                for _ in range(n):
+                    q.start_async({0: x})
+                q.wait_all()
+
+            key = f"openvino_{precision}_{hint.lower()}"
+            out[f"{key}_ips"] = rate(batches, batch * requests, min_s)
+            out[f"{key}_streams"] = int(compiled.get_property("NUM_STREAMS"))
+    return out
+
+
+def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | None) -> dict[str, Any]:
+    """A fresh tune, its exported config rerun; the tune's breakdown line kept."""
+    exp = f"cpu-peers-{name}"
+    cmd = ["tune", "--model", name, "--experiment", exp]
+    if not args.readme:
+        cmd += ["--time-budget", str(args.time_budget)] + (["--pool", pool] if pool else [])
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "autohet.cli", *cmd], cwd=work, capture_output=True, text=True,
+                          timeout=args.time_budget + 900)
+    out: dict[str, Any] = {"tune_s": time.perf_counter() - started, "tune_command": "autohet " + " ".join(cmd)}
+    (work / f"{exp}.log").write_text(proc.stdout + proc.stderr)
+    breakdown = [line for line in proc.stderr.splitlines() if "trials in" in line]
+    out["tune_breakdown"] = breakdown[-1] if breakdown else ""
+    best = work / "runs" / exp / "best.yaml"
+    if proc.returncode != 0 or not best.is_file():
+        out["autohet_error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
+        return out
+    rerun = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json"], cwd=work,
+                           capture_output=True, text=True, timeout=1800)
+    if rerun.returncode == 0:
+        m = json.loads(rerun.stdout.strip().splitlines()[-1])
+        executors = m.get("extra", {}).get("pool", {}).get("executors", [])
+        out.update(autohet_ips=m["throughput_ips"], autohet_strategy=m["strategy"],
+                   autohet_executors=[{k: e.get(k) for k in ("name", "cores", "backend", "precision", "batch",
+                                                              "streams", "channels_last") if k in e}
+                                      for e in executors])
+    else:
+        out["autohet_error"] = rerun.stderr.strip().splitlines()[-1:]
+    return out
+
+
+def pool_file(cores: list[int], work: Path) -> str:
+    """One CPU group of ``cores`` (the tune's first points try its backends; no GPU)."""
+    path = work / "cpu_cores.yaml"
+    path.write_text(json.dumps({"version": 1, "executors": [{"name": "cpu", "kind": "cpu", "cores": cores,
+                                                             "batch": 16}]}))
+    return str(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="vgg16,resnet18")
+    parser.add_argument("--cores", help="cores for the peers and autohet, e.g. 1-15 (default: all of them)")
+    parser.add_argument("--batch", type=int, default=16, help="images per peer call")
+    parser.add_argument("--seconds", type=float, default=8.0, help="timed seconds per peer (at least two calls)")
+    parser.add_argument("--readme", action="store_true",
+                        help="autohet is the README's main job: `autohet tune --model M` (auto pool, default budget)")
+    parser.add_argument("--time-budget", type=float, default=600.0, help="autohet tune budget (without --readme)")
+    parser.add_argument("--pool", help="autohet's pool (default: one group of --cores; auto with --readme)")
+    parser.add_argument("--no-inductor", action="store_true", help="skip the torch.compile peers (minutes on 2 cores)")
+    parser.add_argument("--no-tune", action="store_true", help="peers only")
+    parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
+    parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 60 s tune")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    if args.smoke:
+        args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 1.0, 60.0, True, False
+    from autohet.executors.compiled import native_cpu_bf16, use_compile_cache
+
+    cores = parse_cores(args.cores)
+    os.sched_setaffinity(0, set(cores))  # every peer thread on these cores (the tunes pin their own)
+    use_compile_cache()
+    bf16 = native_cpu_bf16()
+    work = Path(args.work or tempfile.mkdtemp(prefix="autohet-cpu-peers-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for folder in ("conf", "search_spaces", "actors"):
+        if not (work / folder).exists():
+            (work / folder).symlink_to(REPO / folder)
+    pool = None if args.readme else (args.pool or pool_file(cores, work))
+    print(f"cores {cores} (bf16 native: {bf16}), batch {args.batch}, {args.seconds:g} s per peer; work {work}",
+          flush=True)
+    rows = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        row: dict[str, Any] = {"model": name, "cores": len(cores), "batch": args.batch}
+        row.update(torch_peers(name, args.batch, len(cores), args.seconds, bf16, not args.no_inductor))
+        print(json.dumps(row), flush=True)
+        row.update(onnxruntime_peer(name, args.batch, len(cores), args.seconds, work))
+        row.update(openvino_peers(name, args.batch, len(cores), args.seconds, bf16))
+        peers = {k[:-4]: v for k, v in row.items() if k.endswith("_ips")}
+        row["best_peer"] = max(peers, key=peers.get)
+        row["best_peer_ips"] = peers[row["best_peer"]]
+        print(json.dumps(row), flush=True)
+        if not args.no_tune:
+            row.update(autohet_tune(name, work, args, pool))
+            if "autohet_ips" in row:
+                row["autohet_over_best_peer"] = row["autohet_ips"] / row["best_peer_ips"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    emit("cpu_peers", rows, ["model", "cores", "eager_fp32_nchw_ips", "eager_fp32_cl_ips", "eager_bf16_cl_ips",
+                             "inductor_fp32_cl_ips", "inductor_bf16_cl_ips", "onnxruntime_fp32_ips",
+                             "openvino_f32_throughput_ips", "openvino_f32_latency_ips", "openvino_bf16_throughput_ips",
+                             "best_peer", "best_peer_ips", "autohet_ips", "autohet_over_best_peer", "autohet_strategy"],
+         args.out)
+
+
+if __name__ == "__main__":
+    main()
