@@ -1,5 +1,5 @@
-"""The import layers of the package: cli -> tuning -> tracking -> running -> strategies -> context ->
-engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
+"""The import layers of the package: cli -> tuning -> tracking -> runtime -> running -> strategies -> context
+-> engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
 within its layer, never up, and no set of modules may import each other in a circle. Every import
 counts: module level, inside functions (lazy) and under TYPE_CHECKING."""
 
@@ -21,6 +21,7 @@ LAYERS = [
     ["autohet.context"],
     ["autohet.strategies"],
     ["autohet.running", "autohet.config"],
+    ["autohet.runtime"],
     ["autohet.tracking"],
     ["autohet.tuning"],
     ["autohet.commands", "autohet.cli", "autohet.testing"],

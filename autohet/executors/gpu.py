@@ -157,6 +157,13 @@ class GpuExecutor(Executor):
                             "a pool with another SM count starts new executors")
         self._activate()
 
+    def set_workload(self, workload: Workload) -> None:
+        """New images for the next units (a served call's): staged in pinned memory in the compute dtype
+        (torch's caching host allocator reuses the pinned blocks of earlier calls of the same size)."""
+        self.workload = workload
+        self.bank = self._bank(self.dtype)
+        self._ahead = {}
+
     def _bank(self, dtype: torch.dtype) -> torch.Tensor:
         """The workload once in pinned host memory in ``dtype`` (kept per dtype, for this workload)."""
         assert self.workload is not None
