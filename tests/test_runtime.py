@@ -201,6 +201,22 @@ def test_load_refuses_what_cannot_run_in_one_line(tmp_path):
         autohet.load(tmp_path / "none.yaml")
 
 
+def test_a_large_copy_split_over_threads_gives_the_same_rows():
+    """``host_copy.copy_rows`` (a window's join, a GPU's staging): row chunks on threads, a dtype
+    conversion included, equal to one copy; its threads are not pinned by the thread that made them."""
+    import os
+
+    import torch
+
+    from autohet.host_copy import _cores, _pool, copy_rows
+
+    src = torch.randn(40, 1024, 1024)  # 160 MB: several chunks
+    dst = torch.empty(40, 1024, 1024, dtype=torch.float16)
+    copy_rows(dst, src)
+    assert torch.equal(dst, src.half())
+    assert _pool().submit(lambda: os.sched_getaffinity(0)).result() == _cores()
+
+
 def test_import_autohet_stays_light():
     import subprocess
     import sys

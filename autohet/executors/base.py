@@ -147,7 +147,8 @@ class Executor(ABC):
 
     def set_workload(self, workload: Workload) -> None:
         """Gives a loaded executor new images (a served call's) without rebuilding its model: later
-        units index into them. Executors that stage the workload elsewhere (a GPU's pinned bank) override."""
+        units index into them (called between runs). Executors that stage the workload elsewhere (a
+        GPU's pinned bank) override."""
         self.workload = workload
 
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:

@@ -13,7 +13,7 @@ import numpy as np
 
 from autohet.errors import UserError
 
-__all__ = ["Batch", "ReadAhead", "as_batch"]
+__all__ = ["Batch", "ReadAhead", "as_batch", "join"]
 
 
 @dataclass
@@ -53,6 +53,24 @@ def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
             "resize and crop the images to the model's input (autohet run --input does)"
         raise UserError(f"input has shape {tuple(x.shape)}; {model} takes (N, {', '.join(map(str, shape))}): {hint}")
     return Batch(np.ascontiguousarray(x), device)
+
+
+def join(arrays: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """The arrays one after another into ``out`` (as many rows as they hold together), copied on
+    several threads (``host_copy``)."""
+    import warnings
+
+    import torch
+
+    from autohet.host_copy import copy_rows
+
+    start = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only inputs: only read
+        for a in arrays:
+            copy_rows(torch.from_numpy(out[start : start + len(a)]), torch.from_numpy(a))
+            start += len(a)
+    return out
 
 
 _END = object()

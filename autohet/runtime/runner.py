@@ -21,7 +21,7 @@ import numpy as np
 from autohet.config import RunConfig, load_config
 from autohet.errors import UserError
 from autohet.models import ModelSpec, input_shape
-from autohet.runtime._inputs import Batch, ReadAhead, as_batch
+from autohet.runtime._inputs import ReadAhead, as_batch, join
 
 if TYPE_CHECKING:
     from autohet.pool import Pool, PoolSpec
@@ -38,9 +38,11 @@ WINDOW_BYTES = 1 << 30
 
 @dataclass
 class _Request:
-    images: np.ndarray
+    """One caller's batches (a call's one, or a stream window's several) and, once run, their outputs."""
+
+    parts: list[np.ndarray]
     done: threading.Event = field(default_factory=threading.Event)
-    outputs: np.ndarray | None = None
+    outputs: list[np.ndarray] = field(default_factory=list)
     error: BaseException | None = None
 
 
@@ -63,6 +65,7 @@ class Runner:
         self.window = window or max(served.batch, min(config.images, WINDOW_BYTES // per_image))
         self.classes: int | None = None
         self._pending: list[_Request] = []
+        self._buffer: np.ndarray | None = None
         self._queue_lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._reported = 0
@@ -73,7 +76,7 @@ class Runner:
     def __call__(self, batch: Any) -> Any:
         """(N, C, H, W) float32 numpy array or torch tensor -> (N, classes), same order and type."""
         checked = as_batch(batch, self.input_shape, self.model.name)
-        return checked.give_back(self._run(checked.images))
+        return checked.give_back(self._run([checked.images])[0])
 
     def map(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Outputs of each batch, in order. Batches are read ahead on a thread and those already there
@@ -83,9 +86,8 @@ class Runner:
             while True:
                 taken, error, ended = reader.take(self.window)
                 if taken:
-                    outputs = self._run(np.concatenate([b.images for b in taken]) if len(taken) > 1
-                                        else taken[0].images)
-                    yield from _split(taken, outputs)
+                    for b, out in zip(taken, self._run([b.images for b in taken]), strict=True):
+                        yield b.give_back(out)
                 if error is not None:
                     raise error
                 if ended:
@@ -93,13 +95,14 @@ class Runner:
         finally:
             reader.stop()
 
-    def _run(self, images: np.ndarray) -> np.ndarray:
-        """Through the served config: this request, with any that arrived while another call ran."""
+    def _run(self, parts: list[np.ndarray]) -> list[np.ndarray]:
+        """Each part's outputs: the parts run as one call, with any requests that arrived while
+        another call ran."""
         if self._closed:
             raise UserError("this runner is closed; load the config again")
-        if len(images) == 0:
-            return np.zeros((0, self.classes or 0), dtype=np.float32)
-        request = _Request(images)
+        if not any(len(p) for p in parts):
+            return [np.zeros((0, self.classes or 0), dtype=np.float32) for _ in parts]
+        request = _Request(parts)
         with self._queue_lock:
             self._pending.append(request)
         with self._run_lock:
@@ -109,11 +112,11 @@ class Runner:
                 self._execute(joined)
         if request.error is not None:
             raise request.error
-        assert request.outputs is not None
         return request.outputs
 
     def _execute(self, requests: list[_Request]) -> None:
-        images = requests[0].images if len(requests) == 1 else np.concatenate([r.images for r in requests])
+        parts = [p for r in requests for p in r.parts]
+        images = parts[0] if len(parts) == 1 else self._joined(parts)
         try:
             outputs = self.served(images)
             if not self.checked:
@@ -128,9 +131,18 @@ class Runner:
             self._report_deaths()
         start = 0
         for r in requests:
-            r.outputs = outputs[start : start + len(r.images)]
-            start += len(r.images)
+            for p in r.parts:
+                r.outputs.append(outputs[start : start + len(p)])
+                start += len(p)
             r.done.set()
+
+    def _joined(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The parts copied into the runner's window buffer, kept from call to call: a fresh gigabyte
+        per window would cost more in page faults than the copy (only calls use it, one at a time)."""
+        total = sum(len(p) for p in parts)
+        if self._buffer is None or len(self._buffer) < total:
+            self._buffer = np.empty((total, *self.input_shape), dtype=np.float32)
+        return join(parts, self._buffer[:total])
 
     def _check(self, images: np.ndarray, outputs: np.ndarray) -> None:
         """The first call's outputs against the single-device fp32 reference (RunContext's check)."""
@@ -193,13 +205,6 @@ class Runner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _split(batches: list[Batch], outputs: np.ndarray) -> Iterator[Any]:
-    start = 0
-    for b in batches:
-        yield b.give_back(outputs[start : start + len(b.images)])
-        start += len(b.images)
 
 
 def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint: str | None = None,
