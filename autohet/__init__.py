@@ -12,8 +12,18 @@ from autohet.strategies import Strategy, get_strategy, register_strategy, strate
 from autohet.workload import Workload, WorkloadSpec
 
 __all__ = [
-    "OBJECTIVES", "Measurement", "ModelSpec", "Objective", "ObjectiveSet", "RunContext", "Strategy", "UserError",
-    "Workload", "WorkloadSpec", "build_model", "get_strategy", "input_shape", "register_strategy", "run_strategy",
-    "strategy_names",
+    "OBJECTIVES", "Measurement", "ModelSpec", "Objective", "ObjectiveSet", "RunContext", "Runner", "Strategy",
+    "UserError", "Workload", "WorkloadSpec", "build_model", "get_strategy", "input_shape", "load", "register_strategy",
+    "run_strategy", "strategy_names",
 ]
 __version__ = "0.1.0"
+
+_RUNTIME = ("load", "Runner")  # imported on first use: ``import autohet`` stays light
+
+
+def __getattr__(name: str) -> object:
+    if name in _RUNTIME:
+        from autohet import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'autohet' has no attribute {name!r}")

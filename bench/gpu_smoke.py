@@ -1,7 +1,8 @@
 """A quick check of every GPU code path on a GPU machine, each item PASS or FAIL with its error, in
 about a minute: executors (eager, CUDA graphs, inductor), green-context partitions (two disjoint
 ones running at once), the engine (a GPU device, transfers, graphed segments, placement), the
-single-device latency job. Run it before measuring anything.
+single-device latency job, and ``autohet.load`` of a config of each family on a GPU and a CPU group
+(first call checked against the reference). Run it before measuring anything.
 
     python -m bench.gpu_smoke [--out FILE]
 """
@@ -105,6 +106,48 @@ def check_single_latency(backend: str) -> str:
     return f"p50 {m.latency_ms['p50']:.3f} ms"
 
 
+def check_runtime(strategy: str, objective: str, params: dict[str, Any]) -> str:
+    """A config of the strategy on gpu0 (fp16, channels_last) and a CPU group through autohet.load: a
+    call (checked against the fp32 reference) and a stream, the stream equal to the call."""
+    import tempfile
+
+    import autohet
+    from autohet.config import RunConfig, write_config
+    from autohet.pool import PoolSpec
+    from autohet.workload import workload_for
+
+    spec = PoolSpec("smoke", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=64, precision="fp16", channels_last=True,
+                                           backend="cudagraphs"),
+                              ExecutorSpec("cpu0", "cpu", tuple(range(1, 5)), batch=8)])
+    x = np.ascontiguousarray(workload_for("resnet18", 40).rows(0, 40))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = write_config(RunConfig(ModelSpec("resnet18"), spec, strategy, params, objective=objective),
+                            Path(tmp) / "c.yaml")
+        with autohet.load(path) as runner:
+            out = runner(x)
+            assert runner.checked, "first call not checked"
+            streamed = np.concatenate(list(runner.map([x[:16], x[16:]])))
+            assert np.allclose(streamed, out, rtol=1e-2, atol=1e-2 * float(np.abs(out).max())), "stream != call"
+            return f"{runner.check_result}, served {runner.describe()['served']}"
+
+
+def runtime_checks() -> list[tuple[str, Callable[[], Any]]]:
+    half = [0] * 5 + [1] * 5  # resnet18's 10 blocks at batch 1
+    return [
+        ("runtime fast_split", lambda: check_runtime("fast_split", "throughput", {"unit": "batches", "w_s": 2,
+                                                                                  "r": 0.8, "threshold": 1})),
+        ("runtime single latency", lambda: check_runtime("single", "latency", {"executor": 0})),
+        ("runtime placement", lambda: check_runtime("placement", "latency", {"start": "given", "assignment": half,
+                                                                             "x": 0})),
+        ("runtime pipeline", lambda: check_runtime("pipeline", "throughput", {"start": "given", "cuts": [8],
+                                                                              "stages": [0, 1], "batch": 16})),
+        ("runtime split", lambda: check_runtime("split", "throughput", {"start": "given", "ratios": [0.9], "rest": 0,
+                                                                        "batch": 8})),
+        ("runtime channels", lambda: check_runtime("channels", "latency", {"start": "given", "shares": [0.9] * 21,
+                                                                           "rest": 0})),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out")
@@ -117,7 +160,7 @@ def main() -> None:
               ("green partitions", check_partitions),
               ("engine placement", check_engine_placement),
               ("single latency cudagraphs", lambda: check_single_latency("cudagraphs")),
-              ("single latency eager", lambda: check_single_latency("eager"))]
+              ("single latency eager", lambda: check_single_latency("eager")), *runtime_checks()]
     for name, fn in checks:
         if not any(name.startswith(s) for s in skip):
             item(name, fn)

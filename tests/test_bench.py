@@ -12,7 +12,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed"])
+@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed", "runtime_load"])
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -25,3 +25,5 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert all(0 < r["efficiency"] <= 1.5 for r in rows if r["efficiency"] is not None)
     if bench == "tune_speed":
         assert rows[0]["tuned_over_grid"] > 0 and rows[0]["grid_runs"] == 2
+    if bench == "runtime_load":
+        assert rows[0]["load_ips"] > 0 and rows[0]["run_ips"] > 0 and rows[0]["files"] == 40

@@ -1,5 +1,5 @@
-"""The import layers of the package: cli -> tuning -> tracking -> running -> strategies -> context ->
-engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
+"""The import layers of the package: cli -> tuning -> tracking -> runtime -> running -> strategies -> context
+-> engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
 within its layer, never up, and no set of modules may import each other in a circle. Every import
 counts: module level, inside functions (lazy) and under TYPE_CHECKING."""
 
@@ -15,12 +15,13 @@ ROOT = Path(__file__).resolve().parents[1] / "autohet"
 LAYERS = [
     ["autohet.errors", "autohet.yaml_files", "autohet._tv", "autohet.params", "autohet.objectives",
      "autohet.measurement", "autohet.workload", "autohet.models", "autohet.platform_info", "autohet.ray_runtime",
-     "autohet.telemetry", "autohet.heap"],
+     "autohet.telemetry", "autohet.heap", "autohet.host_copy"],
     ["autohet.executors", "autohet.partition", "autohet.planners", "autohet.backends"],
     ["autohet.pool", "autohet.engine"],
     ["autohet.context"],
     ["autohet.strategies"],
     ["autohet.running", "autohet.config"],
+    ["autohet.runtime"],
     ["autohet.tracking"],
     ["autohet.tuning"],
     ["autohet.commands", "autohet.cli", "autohet.testing"],

@@ -1,4 +1,5 @@
-"""``autohet run``: one strategy on one pool, or an exported config, with a measured report.
+"""``autohet run``: one strategy on one pool, or an exported config, with a measured report; or,
+with ``--input``, an exported config's outputs for a folder of images or an .npy (``--out``).
 
 A throughput run measures each executor class's standalone speed first (the limit, and the
 default ``--timeout``: ten times the run's expected length at that speed, at least 60 s), shows a
@@ -8,6 +9,7 @@ progress line on a terminal, and ends past its timeout with one line naming a fa
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -46,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, help="seconds the run may take (default: 10x its expected length "
                                                  "from the measured standalone speeds, at least 60)")
     p.add_argument("--standalone-seconds", type=float, default=1.0, help="measuring time per executor class")
+    p.add_argument("--input", help="with --config: a folder of JPEG/PNG images (recursive, sorted) or an .npy of "
+                                    "preprocessed inputs to run through the config (outputs to --out)")
+    p.add_argument("--out", help="with --input: .npy (logits in input order) or .jsonl (top-5 per input), "
+                                 "written atomically")
+    p.add_argument("--skip-bad", action="store_true", help="with --input: leave out files that are not readable "
+                                                            "images and list them, instead of stopping")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--timeline", action="store_true", help="include the work-unit timeline in --json")
     p.set_defaults(func=main)
@@ -98,7 +106,49 @@ class _Line:
             print("\r" + " " * 90 + "\r", end="", file=sys.stderr, flush=True)
 
 
+def batch_files(args: argparse.Namespace) -> int:
+    """``--input``/``--out``: every input through the exported config, outputs written to --out."""
+    if not args.config:
+        raise UserError("--input needs --config (the exported config to run it through)")
+    if not args.out:
+        raise UserError("--input needs --out FILE (.npy for logits, .jsonl for top-5 per input)")
+    if args.model or args.strategy or args.set:
+        raise UserError("--input runs the config as exported; drop --model/--strategy/--set")
+    from autohet.runtime.batch import run_batch
+
+    line = _Line()
+    try:
+        summary = run_batch(args.config, args.input, args.out, skip_bad=args.skip_bad, address=args.address,
+                            progress=line.images)
+    finally:
+        line.close()
+    if args.json:
+        print(json.dumps(summary))
+        return 0
+    decode = summary.get("decode")
+    where = "" if decode is None else (
+        f"; decoded on cores {_cores(decode['cores'])}" + (" (none is free of the config's devices: shared with "
+                                                         "them)" if decode["shared_with_devices"] else ""))
+    print(f"wrote {summary['images']} outputs to {summary['out']} ({summary['throughput_ips']:.1f} img/s over "
+          f"{summary['wall_s']:.2f} s{where})")
+    for bad in summary["skipped"]:
+        print(f"skipped {bad['path']}: {bad['reason']}")
+    if summary["deaths"]:
+        print(f"{len(summary['deaths'])} executor failures during the run (warned above); their units re-ran on the "
+              "others: nothing lost")
+    return 0
+
+
+def _cores(cores: list[int]) -> str:
+    return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)) else \
+        ",".join(map(str, cores))
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.input:
+        return batch_files(args)
+    if args.out or args.skip_bad:
+        raise UserError("--out and --skip-bad go with --input (a folder of images or an .npy to run)")
     if args.config:
         if args.model or args.strategy:
             raise UserError("--config already names the model and strategy; drop --model/--strategy")

@@ -12,18 +12,21 @@ from autohet.engine.devices import DTYPES, HOST, CpuDevice, Device, GpuDevice, V
 from autohet.engine.jobs import EngineActor, EngineJob, build_engine, device_for, run_job
 from autohet.engine.program import Engine, FrameStream, Program, Step, StepTime, move, with_transfers
 from autohet.engine.runs import (
+    BatchOneServer,
     device_module,
+    frames_through,
     pinned_host,
     request_example,
     request_latencies,
     served_request_latencies,
     stream_frames,
+    timed_requests,
     whole_model_program,
 )
 
 __all__ = [
-    "DTYPES", "HOST", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream", "GpuDevice",
-    "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module", "move", "pinned_host",
-    "request_example", "request_latencies", "run_job", "served_request_latencies", "stream_frames",
-    "whole_model_program", "with_transfers",
+    "DTYPES", "HOST", "BatchOneServer", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream",
+    "GpuDevice", "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module",
+    "frames_through", "move", "pinned_host", "request_example", "request_latencies", "run_job",
+    "served_request_latencies", "stream_frames", "timed_requests", "whole_model_program", "with_transfers",
 ]

@@ -21,8 +21,8 @@ from autohet.engine.program import Engine, FrameStream, Program, Step, with_tran
 from autohet.executors.compiled import graph_call
 from autohet.heap import settle
 
-__all__ = ["device_module", "pinned_host", "request_example", "request_latencies", "served_request_latencies",
-           "stream_frames", "whole_model_program"]
+__all__ = ["BatchOneServer", "device_module", "frames_through", "pinned_host", "request_example", "request_latencies",
+           "served_request_latencies", "stream_frames", "timed_requests", "whole_model_program"]
 
 
 def device_module(module: torch.nn.Module, device: Device) -> Callable[[torch.Tensor], Any]:
@@ -105,36 +105,46 @@ def _clear_cuda_error() -> None:
 
 def stream_frames(engine: Engine, program: Program, rows: Callable[[int, int], np.ndarray], images: int,
                   batch: int, depth: int = 2, warmup: int = 2, pinned: bool = False) -> tuple[float, np.ndarray]:
-    """``images`` through the program in frames of ``batch`` with ``depth`` frames in flight; returns
-    (wall seconds, outputs in image order). Partial last frames are padded to the batch (fixed shapes
-    for graphs) and the padding dropped. ``pinned``: ``rows`` are views of a pinned bank
-    (``pinned_host``); a frame that is not (it wraps around the bank, or is padded) is made pinned
-    here, on the submitting thread, so a GPU's worker never stops to stage a copy (one frame in 27
-    of resnet18's at batch 32, 19 MB each). The collector is settled before the clock starts."""
-    def frame(start: int) -> tuple[torch.Tensor, int]:
-        n = min(batch, images - start)
-        x = torch.from_numpy(np.ascontiguousarray(rows(start, n)))
-        if n < batch:
-            x = torch.cat([x, x.new_zeros((batch - n, *x.shape[1:]))])
-        if pinned and not x.is_pinned():
-            x = x.pin_memory()
-        return x, n
-
+    """``images`` through the program in frames of ``batch`` with ``depth`` frames in flight
+    (``frames_through``), timed; returns (wall seconds, outputs in image order). ``warmup`` frames
+    run first, and the collector is settled before the clock starts."""
     for _ in range(warmup):
-        engine.run(program, {"x": frame(0)[0]})
-    stream = FrameStream(engine, program, depth)
+        engine.run(program, {program.inputs[0]: _frame(rows, 0, images, batch, pinned)[0]})
     settle()
+    start = time.perf_counter()
+    outs = frames_through(engine, program, rows, images, batch, depth, pinned)
+    wall = time.perf_counter() - start
+    return wall, np.concatenate([o.float().numpy() for o in outs])
+
+
+def _frame(rows: Callable[[int, int], np.ndarray], start: int, images: int, batch: int, pinned: bool
+           ) -> tuple[torch.Tensor, int]:
+    n = min(batch, images - start)
+    x = torch.from_numpy(np.ascontiguousarray(rows(start, n)))
+    if n < batch:
+        x = torch.cat([x, x.new_zeros((batch - n, *x.shape[1:]))])
+    if pinned and not x.is_pinned():
+        x = x.pin_memory()
+    return x, n
+
+
+def frames_through(engine: Engine, program: Program, rows: Callable[[int, int], np.ndarray], images: int,
+                   batch: int, depth: int = 2, pinned: bool = False) -> list[torch.Tensor]:
+    """``images`` through the program in frames of ``batch`` with ``depth`` frames in flight
+    (``FrameStream``); each frame's output rows in image order, on the host. Partial last frames are padded to the
+    batch (fixed shapes for graphs) and the padding dropped. ``pinned``: ``rows`` are views of a
+    pinned bank (``pinned_host``); a frame that is not (it wraps around the bank, or is padded) is
+    made pinned here, on the submitting thread, so a GPU's worker never stops to stage a copy (one
+    frame in 27 of resnet18's at batch 32, 19 MB each)."""
+    stream = FrameStream(engine, program, depth)
     sizes: list[int] = []
     outs: list[Any] = []
-    start = time.perf_counter()
     for offset in range(0, images, batch):
-        x, n = frame(offset)
+        x, n = _frame(rows, offset, images, batch, pinned)
         sizes.append(n)
-        outs += stream.push({"x": x})
+        outs += stream.push({program.inputs[0]: x})
     outs += stream.drain()
-    wall = time.perf_counter() - start
-    joined = np.concatenate([o[:n].float().numpy() for o, n in zip(outs, sizes, strict=True)])
-    return wall, joined
+    return [o[:n] for o, n in zip(outs, sizes, strict=True)]
 
 
 def request_latencies(engine: Engine, program: Program, images: Sequence[np.ndarray], warmup: int = 3
@@ -153,68 +163,115 @@ def request_latencies(engine: Engine, program: Program, images: Sequence[np.ndar
     return times, np.concatenate(outs)
 
 
-def served_request_latencies(device: Device, fn: Callable[[torch.Tensor], Any], images: Sequence[np.ndarray],
-                             graph: bool = False, warmup: int = 3) -> tuple[list[float], np.ndarray, str]:
-    """Batch-1 requests of the whole model on one device, served the way a user's own loop would:
-    on the device's worker (the thread that owns its cores or stream), with no step crossing
-    threads; the engine's step-by-step path pays a queue hop per step, a large share of a 0.4 ms
-    request. Each request is timed from host input to host output. Returns (seconds per request,
-    outputs, how it was served).
+class BatchOneServer:
+    """The whole model on one device serving batch-1 requests the way a user's own loop would: on
+    the device's worker (the thread that owns its cores or stream), with no step crossing threads;
+    the engine's step-by-step path pays a queue hop per step, a large share of a 0.4 ms request.
 
     On a GPU the requests are staged in pinned memory in the device's dtype and layout first (as the
     CUDA-graph peer of ``bench/peers.py`` stages its input); a request is one copy in, the model
     (with ``graph``: one CUDA-graph replay holding the model, its fp32 logits and, where torch lets
     the capture hold it, the copy back into pinned memory; a model that cannot be captured is
-    served without, and says so), one wait."""
-    if device.kind != "gpu":
-        def serve_host() -> tuple[list[float], np.ndarray, str]:
-            rows = [request_example(device, r) for r in images]  # in the form a compiled model was compiled on
-            with torch.inference_mode():
-                return (*_time_each(lambda x: fn(x).float().numpy().copy(), rows, warmup), "direct")
-        return device.call(serve_host)
+    served without, and ``holds`` says so), one wait. Built once (warm-up and capture here); the
+    runtime serves every call through it, ``served_request_latencies`` times requests with it."""
 
-    def serve() -> tuple[list[float], np.ndarray, str]:
-        bank = _in_layout(torch.stack([torch.as_tensor(r) for r in images]).to(device.dtype), device).pin_memory()
-        requests = [bank[i : i + 1] for i in range(bank.shape[0])]
-        stream = device.stream
+    def __init__(self, device: Device, fn: Callable[[torch.Tensor], Any], example: np.ndarray, graph: bool = False,
+                 warmup: int = 3) -> None:
+        self.device, self.fn = device, fn
+        self.holds = "direct"
+        self.replay: Any = None
+        self.static_out: Any = None
+        if device.kind == "gpu":
+            device.call(lambda: self._capture(example, graph, warmup))
+
+    def _capture(self, example: np.ndarray, graph: bool, warmup: int) -> None:
+        """The static input and pinned output, cuDNN's choices, the graph (on the GPU's worker)."""
+        stream, fn = self.device.stream, self.fn
         with torch.cuda.stream(stream):  # made on the stream that reads it: no copy to order against
-            static_in = request_example(device, images[0])
+            self.static_in = static_in = request_example(self.device, example)
         with torch.cuda.stream(stream), torch.inference_mode():
             for _ in range(warmup):  # cuDNN picks its algorithms here, not inside a capture
                 probe = fn(static_in).float()
             stream.synchronize()
-            out_host = torch.empty(probe.shape, dtype=torch.float32, pin_memory=True)
-            replay, holds, static_out = None, "direct", None
-            if graph:
-                try:
-                    replay, holds = torch.cuda.CUDAGraph(), "cuda graph: model+copy-out"
-                    with torch.cuda.graph(replay, stream=stream, capture_error_mode="thread_local"):
-                        out_host.copy_(fn(static_in).float(), non_blocking=True)
-                except RuntimeError:  # this torch refuses device-to-host copies in a capture: copy after
-                    stream.synchronize()
-                    try:
-                        replay, holds = torch.cuda.CUDAGraph(), "cuda graph: model"
-                        with torch.cuda.graph(replay, stream=stream, capture_error_mode="thread_local"):
-                            static_out = fn(static_in).float()
-                    except RuntimeError as exc:  # a host sync inside the model: served without a graph
-                        stream.synchronize()
-                        replay, static_out = None, None
-                        holds = f"direct (capture failed: {str(exc).splitlines()[0][:80]})"
-
-            def one(x: torch.Tensor) -> np.ndarray:
-                static_in.copy_(x, non_blocking=True)
-                if replay is None:
+            self.out_host = out_host = torch.empty(probe.shape, dtype=torch.float32, pin_memory=True)
+            if not graph:
+                return
+            try:
+                replay, holds = torch.cuda.CUDAGraph(), "cuda graph: model+copy-out"
+                with torch.cuda.graph(replay, stream=stream, capture_error_mode="thread_local"):
                     out_host.copy_(fn(static_in).float(), non_blocking=True)
-                else:
-                    replay.replay()
-                    if static_out is not None:
-                        out_host.copy_(static_out, non_blocking=True)
+            except RuntimeError:  # this torch refuses device-to-host copies in a capture: copy after
                 stream.synchronize()
-                return out_host.numpy().copy()
+                try:
+                    replay, holds = torch.cuda.CUDAGraph(), "cuda graph: model"
+                    with torch.cuda.graph(replay, stream=stream, capture_error_mode="thread_local"):
+                        self.static_out = fn(static_in).float()
+                except RuntimeError as exc:  # a host sync inside the model: served without a graph
+                    stream.synchronize()
+                    replay, self.static_out = None, None
+                    holds = f"direct (capture failed: {str(exc).splitlines()[0][:80]})"
+            self.replay, self.holds = replay, holds
 
-            return (*_time_each(one, requests, warmup), holds)
+    def stage(self, images: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """The requests in the form ``one`` takes (on the worker): on a GPU, views of one pinned bank
+        in the device's dtype and layout; elsewhere each in the form a compiled model was compiled on."""
+        if self.device.kind != "gpu":
+            return [request_example(self.device, r) for r in images]
+        stacked = torch.stack([torch.as_tensor(r) for r in images]).to(self.device.dtype)
+        bank = _in_layout(stacked, self.device).pin_memory()
+        return [bank[i : i + 1] for i in range(bank.shape[0])]
 
-    return device.call(serve)
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """Where ``one`` runs (on the worker): inference mode, and a GPU's stream current."""
+        if self.device.kind != "gpu":
+            with torch.inference_mode():
+                yield
+            return
+        with torch.cuda.stream(self.device.stream), torch.inference_mode():
+            yield
+
+    def one(self, x: torch.Tensor) -> np.ndarray:
+        """One staged request to its fp32 output row, waited for (inside ``serving``)."""
+        if self.device.kind != "gpu":
+            return self.fn(x).float().numpy().copy()
+        self.static_in.copy_(x, non_blocking=True)
+        if self.replay is None:
+            self.out_host.copy_(self.fn(self.static_in).float(), non_blocking=True)
+        else:
+            self.replay.replay()
+            if self.static_out is not None:
+                self.out_host.copy_(self.static_out, non_blocking=True)
+        self.device.stream.synchronize()
+        return self.out_host.numpy().copy()
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        """Each image a request, one after another on the device's worker; the outputs joined."""
+        def serve() -> np.ndarray:
+            requests = self.stage(list(images))
+            with self.serving():
+                return np.concatenate([self.one(x) for x in requests])
+
+        return self.device.call(serve)
+
+
+def served_request_latencies(device: Device, fn: Callable[[torch.Tensor], Any], images: Sequence[np.ndarray],
+                             graph: bool = False, warmup: int = 3) -> tuple[list[float], np.ndarray, str]:
+    """Batch-1 requests of the whole model on one device served by a ``BatchOneServer``
+    (``timed_requests``). Returns (seconds per request, outputs, how it was served)."""
+    return timed_requests(BatchOneServer(device, fn, images[0], graph, warmup), images, warmup)
+
+
+def timed_requests(server: BatchOneServer, images: Sequence[np.ndarray], warmup: int = 3
+                   ) -> tuple[list[float], np.ndarray, str]:
+    """Each image a request through the server, one after another on its device's worker, each timed
+    from host input to host output after ``warmup`` untimed ones: (seconds each, outputs, ``holds``)."""
+    def serve() -> tuple[list[float], np.ndarray, str]:
+        requests = server.stage(images)
+        with server.serving():
+            return (*_time_each(server.one, requests, warmup), server.holds)
+
+    return server.device.call(serve)
 
 
 def _time_each(one: Callable[[Any], np.ndarray], requests: Sequence[Any], warmup: int

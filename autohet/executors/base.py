@@ -154,6 +154,12 @@ class Executor(ABC):
         """Waits for a unit started by ``launch``."""
         return handle
 
+    def set_workload(self, workload: Workload) -> None:
+        """Gives a loaded executor new images (a served call's) without rebuilding its model: later
+        units index into them (called between runs). Executors that stage the workload elsewhere (a
+        GPU's pinned bank) override."""
+        self.workload = workload
+
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs a unit, told which one comes next (asynchronous executors queue it before waiting)."""
         if size >= self.spec.batch:  # full batches of this shape ran: standalone needs no warm-up

@@ -157,6 +157,28 @@ class GpuExecutor(Executor):
                             "a pool with another SM count starts new executors")
         self._activate()
 
+    # a served call's images, staged: one pinned buffer in the compute dtype, reused by later calls
+    _staging: torch.Tensor | None = None
+
+    def set_workload(self, workload: Workload) -> None:
+        """New images for the next units (a served call's), staged into a pinned buffer in the compute
+        dtype that later calls reuse (grown when a call is larger), copied on several threads."""
+        import warnings
+
+        from autohet.host_copy import copy_rows
+
+        rows = np.asarray(workload.bank)
+        staging = self._staging
+        if staging is None or staging.dtype != self.dtype or staging.shape[1:] != rows.shape[1:] \
+                or staging.shape[0] < rows.shape[0]:
+            staging = self._staging = torch.empty(rows.shape, dtype=self.dtype, pin_memory=True)
+        bank = staging[: rows.shape[0]]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
+            copy_rows(bank, torch.from_numpy(rows))
+        self.workload, self._bank_of, self._banks, self.bank = workload, workload.bank, {self.dtype: bank}, bank
+        self._ahead = {}
+
     def _bank(self, dtype: torch.dtype) -> torch.Tensor:
         """The workload once in pinned host memory in ``dtype`` (kept per dtype, for this workload)."""
         assert self.workload is not None

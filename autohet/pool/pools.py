@@ -64,6 +64,11 @@ class Pool(ABC):
     def dispatcher(self) -> Dispatcher: ...
 
     @abstractmethod
+    def set_workload(self, workload: Workload) -> list[int]:
+        """Gives the started executors new images (a served call's), models kept; returns the
+        executors that could not take them (dead)."""
+
+    @abstractmethod
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
         """Each executor's throughput running alone, measured one after another (only ``indices``,
@@ -111,6 +116,12 @@ class LocalPool(Pool):
     def dispatcher(self) -> Dispatcher:
         return LocalDispatcher(self.executors, self.workers)
 
+    def set_workload(self, workload: Workload) -> list[int]:
+        for future in [w.submit(lambda ex=ex: ex.set_workload(workload))
+                       for w, ex in zip(self.workers, self.executors, strict=True)]:
+            future.result()
+        return []
+
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
         chosen = range(len(self.executors)) if indices is None else indices
@@ -141,6 +152,9 @@ class VirtualPool(Pool):
     def start(self, model: ModelSpec, workload: Workload) -> float:
         self.started_for = (model, workload.images)
         return 0.0
+
+    def set_workload(self, workload: Workload) -> list[int]:
+        return []  # simulated units read no images
 
     def dispatcher(self) -> Dispatcher:
         execs = self.spec.executors
@@ -252,6 +266,21 @@ class RayPool(Pool):
         # GPUs (and simulated ones, which exercise the same protocol) take their next unit early
         return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in execs],
                              lookahead=[e.kind == "gpu" or e.needs_gpu for e in execs])
+
+    def set_workload(self, workload: Workload) -> list[int]:
+        """The images through the object store once; each actor maps them (read-only, no copy)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        self.workload_ref = ray.put(workload)
+        refs = [a.set_workload.remote(self.workload_ref) for a in self.actors]
+        dead = []
+        for i, ref in enumerate(refs):
+            try:
+                ray.get(ref)
+            except RayActorError:
+                dead.append(i)
+        return dead
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:

@@ -50,6 +50,9 @@ class ExecutorActor:
         settle()
         return self.executor.describe()
 
+    def set_workload(self, workload: Workload) -> None:
+        self.executor.set_workload(workload)
+
     def run(self, start: int, size: int, following: tuple[int, int] | None = None) -> tuple[Any, float]:
         result = self.executor.run_ahead(start, size, following)
         return result.outputs, result.compute_s
@@ -104,6 +107,9 @@ class ExecutorGroupActor:
             self.workers[member].call(lambda: executor.configure(params))
             settle()
         return executor.describe()
+
+    def set_workload(self, member: int, workload: Workload) -> None:
+        self.workers[member].call(lambda: self.executors[member].set_workload(workload))
 
     def run(self, member: int, start: int, size: int, following: tuple[int, int] | None = None
             ) -> tuple[Any, float]:

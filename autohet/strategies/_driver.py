@@ -108,9 +108,11 @@ class DriveResult:
 def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, total: int,
           on_event: Callable[[Completion], None] | None = None, batches: list[int] | None = None,
           deadline_s: float | None = None, lookahead: bool = True,
-          progress: Callable[[int, int], None] | None = None, hint: Callable[[], str] | None = None) -> DriveResult:
+          progress: Callable[[int, int], None] | None = None, hint: Callable[[], str] | None = None,
+          alive: list[bool] | None = None) -> DriveResult:
     """Runs ``total`` images through the dispatcher under the strategy's rule; raises RunTimeout
     when ``deadline_s`` passes first (the busy executors are named so their actors can be replaced).
+    ``alive``: executors known dead before the run (a served runner's earlier calls) get no work.
 
     With ``lookahead`` (strategies without a barrier), an executor the dispatcher lets queue a
     second unit is offered to the strategy again while its current unit drains, so its next unit
@@ -118,7 +120,9 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
     """
     n = len(dispatcher.names)
     dispatcher.lookahead_on = lookahead and not strategy.barrier
-    st = SchedState(total, n, total, [True] * n, [None] * n, [0] * n, list(batches or [1] * n))
+    st = SchedState(total, n, total, list(alive or [True] * n), [None] * n, [0] * n, list(batches or [1] * n))
+    if not any(st.alive):
+        raise UserError("every executor of the pool has died; start the pool again")
     strategy.begin(st, params)
     cursor = 0
     requeue: deque[tuple[int, int]] = deque()

@@ -3,17 +3,21 @@ their job (in this process, or in the engine actor when the pool is on Ray)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from autohet.engine import EngineJob, run_job
+from autohet.context import tolerance_for
+from autohet.engine import EngineJob, build_engine, run_job
 from autohet.errors import UserError
 from autohet.params import IntListParam
+from autohet.strategies.served import EngineServed
 
 if TYPE_CHECKING:
+    from autohet.engine import Engine, Program
     from autohet.executors import ExecutorSpec
     from autohet.pool import Pool, PoolSpec
 
-__all__ = ["DEVICES", "chosen_devices", "default_devices", "run_on_engine"]
+__all__ = ["DEVICES", "chosen_devices", "default_devices", "run_on_engine", "serve_on_engine"]
 
 DEVICES = IntListParam("devices", None, low=0, high=1023,
                        help="executor indices the model is spread over (default: every GPU executor and the "
@@ -48,3 +52,18 @@ def run_on_engine(pool: Pool, job: EngineJob, specs: list[ExecutorSpec], deadlin
     """The job on the pool's devices; past ``deadline_s`` (the run's limit, ``ctx.deadline_s``) it is
     stopped and RunTimeout raised, so a hopeless trial is cut like a data-parallel one."""
     return run_job(job, specs, on_ray=pool.on_ray, deadline_s=deadline_s, what=strategy)
+
+
+def serve_on_engine(specs: list[ExecutorSpec], build: Callable[[Engine], tuple[Program, int, dict[str, Any]]],
+                    batch: int) -> EngineServed:
+    """A family's served form: an engine over the executors' devices in this process, with the
+    program ``build`` makes on it (once: planned or taken from the params; it returns the program,
+    the frames to keep in flight and what the plan was) run on every call in frames of ``batch``."""
+    engine = build_engine(specs)
+    try:
+        program, depth, plan = build(engine)
+    except BaseException:
+        engine.close()
+        raise
+    return EngineServed(engine, program, batch, depth, tolerance_for([s.precision for s in specs]), plan,
+                        frozenset(c for s in specs for c in s.cores))

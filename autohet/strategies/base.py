@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
+    from autohet.strategies.served import Served
+    from autohet.workload import Workload
 
 __all__ = ["Strategy"]
 
@@ -58,3 +60,19 @@ class Strategy(ABC):
     @abstractmethod
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         """Runs the workload with validated params and returns what was measured."""
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """Optional hook: the validated params held ready for production calls (``strategies.served``),
+        for a ``throughput`` or ``latency`` config. Everything is built here, once: executors started
+        on ``pool`` (not started yet) with ``sample`` images, engine programs built, a plan the params
+        do not give measured on ``sample``; a call never measures or plans."""
+        from autohet.errors import UserError
+
+        raise UserError(f"strategy {self.name} cannot serve inputs yet; export a config of another strategy")
+
+    def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """Optional hook: parameters that rebuild the plan a run measured (its ``m.params`` and
+        ``m.extra``) without planning again, e.g. ``start: given`` with the planned vectors; an
+        exported config keeps them under ``plan`` and ``autohet.load`` applies them over ``params``.
+        Empty when the params already say everything."""
+        return {}

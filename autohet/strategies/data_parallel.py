@@ -9,18 +9,24 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
+from autohet.context import precision_of
 from autohet.errors import UserError
 from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam
 from autohet.strategies._driver import SchedState, drive, drive_measurement, split_by_weights
 from autohet.strategies.base import Strategy
+from autohet.strategies.served import Served
+from autohet.workload import Workload
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.measurement import Measurement
+    from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
 
-__all__ = ["ChunkScheduler", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler", "HatScheduler",
-           "QuickScheduler", "SingleScheduler", "StaticScheduler"]
+__all__ = ["ChunkScheduler", "DataParallelServed", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler",
+           "HatScheduler", "QuickScheduler", "SingleScheduler", "StaticScheduler"]
 
 Plan = list[tuple[int, int]]
 
@@ -59,6 +65,12 @@ class DataParallelStrategy(Strategy):
         standalone = ctx.standalone(pool)
         return drive_measurement(ctx, pool, self.name, params, result, standalone)
 
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """The pool's executors started once (models built, compiled, warmed on ``sample``); each call's
+        images become their workload and are split by this scheduler (``DataParallelServed``)."""
+        pool.start(model, sample)
+        return DataParallelServed(self, pool, params)
+
     def slow_hint(self, pool: Pool, params: dict[str, Any]) -> str:
         """What to change when a run of these params is too slow (named in the timeout error)."""
         sizes = {k: v for k, v in params.items() if k in ("p", "c", "w_s", "w", "s")}
@@ -69,6 +81,38 @@ class DataParallelStrategy(Strategy):
         if sizes:
             return f"try smaller {', '.join(sizes)} (now {', '.join(f'{k}={v}' for k, v in sizes.items())})"
         return "try fast_split or fifo with unit=batches, or fewer --images"
+
+
+class DataParallelServed(Served):
+    """Each call's images are the workload of one run of the scheduler over the warm executors
+    (``drive``, as ``run`` does, without the measuring around it): units handed out by the tuned rule
+    and parameters, outputs placed in order. A unit whose executor dies is re-run on the others
+    (``deaths`` says which died); later calls give a dead executor no work."""
+
+    def __init__(self, strategy: DataParallelStrategy, pool: Pool, params: dict[str, Any]) -> None:
+        self.strategy, self.pool, self.params = strategy, pool, params
+        self.precision, self.simulated = precision_of(pool), pool.simulated
+        self.batches = [e.batch for e in pool.spec.executors]
+        self.batch = sum(self.batches)
+        self.cores = frozenset(c for e in pool.spec.executors if e.node is None for c in e.cores)  # this node's
+        self.alive = [True] * len(pool)
+        self.deaths: list[str] = []
+
+    def __call__(self, images: np.ndarray) -> np.ndarray:
+        for i in self.pool.set_workload(Workload(images, len(images))):
+            if self.alive[i]:
+                self.alive[i] = False
+                self.deaths.append(f"executor {self.pool.names[i]} died between calls")
+        result = drive(self.strategy, self.params, self.pool.dispatcher(), len(images), batches=self.batches,
+                       alive=self.alive)
+        self.deaths += result.failures
+        self.alive = [not died for died in result.died]
+        assert result.outputs is not None
+        return result.outputs
+
+    def describe(self) -> dict[str, Any]:
+        return {"executors": [e.device for e in self.pool.spec.executors], "strategy": self.strategy.name,
+                "params": self.params}
 
 
 class SingleScheduler(DataParallelStrategy):
@@ -83,6 +127,16 @@ class SingleScheduler(DataParallelStrategy):
         if params["executor"] >= len(pool):
             raise UserError(f"single: executor {params['executor']} is out of range; the pool has "
                             f"{len(pool)} executors (0-{len(pool) - 1}: {', '.join(pool.names)})")
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """Throughput: every call on the executor (the driver's path); latency: each image a batch-1
+        request on the executor's device, as the latency run measured it (``_latency``)."""
+        self.check_pool(pool, params)
+        if mode != "latency":
+            return super().serve(pool, model, params, mode, sample)
+        from autohet.strategies._latency import SingleLatencyServed
+
+        return SingleLatencyServed(pool.spec.executors[params["executor"]], model, sample.rows(0, 1)[0])
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         if ctx.mode != "latency":

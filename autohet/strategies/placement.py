@@ -14,6 +14,7 @@ each device (the same engine, graphs and backend): baselines measured in the sam
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -23,17 +24,22 @@ from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine
+from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.engine import Engine
+    from autohet.engine.blocks import BlockPrograms
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
+    from autohet.partition import BlockGraph
+    from autohet.planners import PlacementResult
     from autohet.pool import Pool, PoolSpec
+    from autohet.strategies.served import Served
+    from autohet.workload import Workload
 
-__all__ = ["PlacementJob", "PlacementStrategy", "check_vector", "placement_devices", "start_assignment",
+__all__ = ["Placed", "PlacementJob", "PlacementStrategy", "check_vector", "placement_devices", "start_assignment",
            "tvm_ready"]
 
 
@@ -94,20 +100,41 @@ def start_assignment(params: dict[str, Any], blocks: list[str], devices: list[st
     return decode(list(vector), blocks, devices)
 
 
+@dataclass
+class Placed:
+    """A placement built on an engine: the block graph, its programs, the assignment to run and,
+    when it was planned here, what the planning measured (``kinds``/``on``/``by_kind``: block times per
+    backend, ``links``, ``result``: the placer's)."""
+
+    graph: BlockGraph
+    programs: BlockPrograms
+    assignment: dict[str, str]
+    kinds: tuple[str, ...]
+    on: dict[str, list[str]]
+    by_kind: dict[str, dict[tuple[str, str], float]] = field(default_factory=dict)
+    links: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    result: PlacementResult | None = None
+
+
 class PlacementJob(EngineJob):
     """Partition, measure, place, then time batch-1 requests (runs where the engine is)."""
 
     def __init__(self, model: ModelSpec, images: np.ndarray, devices: list[str], params: dict[str, Any]) -> None:
         self.model, self.images, self.devices, self.params = model, images, devices, params
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def place(self, engine: Engine, reuse_given: bool = False) -> Placed:
+        """The partition placed on the engine's devices: measured and placed (greedy or from the given
+        vector, then the correction rounds). ``reuse_given``: a given vector with ``x=0`` and one backend
+        is taken as it is, nothing measured (a served config's plan)."""
         from autohet.engine.blocks import BlockPrograms, measure_links
+        from autohet.models import build_model, input_shape
         from autohet.partition import partition
-        from autohet.planners import encode, place, problem_from_graph, table_transfer
+        from autohet.planners import place, problem_from_graph, table_transfer
 
-        params, devices = self.params, self.devices
+        params, devices, model = self.params, self.devices, self.model
         backend = params["backend"]
-        graph = partition(self.model.name, batch=1, seed=self.model.seed)
+        graph = partition(build_model(model), batch=1, seed=model.seed, input_shape=input_shape(model.name),
+                          name=model.name)
         start = start_assignment(params, graph.names, devices)  # before any timing: a bad vector fails fast
         target = {d: str(engine[d].torch_device) for d in devices}
         if backend == "tvm":
@@ -120,6 +147,8 @@ class PlacementJob(EngineJob):
             on["tvm"] = [d for d in devices if target[d] in ready]
         kinds = tuple(k for k in on if on[k])
         graphs = params["graphs"]
+        if reuse_given and start is not None and params["x"] == 0 and backend != "per_block":
+            return Placed(graph, BlockPrograms(engine, graph, backend, graphs), start, kinds, on)
         by_kind = {k: BlockPrograms(engine, graph, k, graphs).block_times(on[k], runs=params["runs"]) for k in kinds}
         choice = {cell: min((k for k in kinds if cell in by_kind[k]), key=lambda k, c=cell: by_kind[k][c])
                   for cell in by_kind[kinds[0]]}
@@ -129,11 +158,22 @@ class PlacementJob(EngineJob):
         transfer = table_transfer(links) if links else None
         problem = problem_from_graph(graph, devices, times, transfer, source_device="host", sink_device="host")
         result = place(problem, lambda a: programs.measure(a, runs=params["runs"]), x=params["x"], start=start)
+        return Placed(graph, programs, result.assignment, kinds, on, by_kind, links, result)
+
+    def run(self, engine: Engine) -> dict[str, Any]:
+        from autohet.engine.blocks import BlockPrograms
+        from autohet.planners import encode
+
+        placed = self.place(engine)
+        graph, programs, result, kinds = placed.graph, placed.programs, placed.result, placed.kinds
+        devices = self.devices
+        assert result is not None
         lat, outputs = programs.latencies(result.assignment, self.images)
         baselines = {}
         for device in devices:
-            for kind in (k for k in kinds if device in on[k]):  # whole model, each device x measured backend
-                whole = BlockPrograms(engine, graph, kind, graphs) if kind != backend else programs
+            for kind in (k for k in kinds if device in placed.on[k]):  # whole model, each device x measured backend
+                whole = BlockPrograms(engine, graph, kind, self.params["graphs"]) if kind != self.params["backend"] \
+                    else programs
                 base, _ = whole.latencies(dict.fromkeys(graph.names, device), self.images)
                 baselines[f"{device}/{kind}"] = float(np.median(base)) * 1e3
         greedy = result.start == "greedy"
@@ -146,9 +186,9 @@ class PlacementJob(EngineJob):
                 "placed_modelled_s": result.modelled_s, "rounds": result.rounds, "devices": devices,
                 "baselines_p50_ms": baselines, "blocks": [b.name for b in graph.blocks],
                 "block_backend": {b: programs.backend_of(b, d) for b, d in result.assignment.items()},
-                "block_times_ms": {f"{b}@{d}/{k}": t * 1e3 for k in kinds for (b, d), t in by_kind[k].items()},
+                "block_times_ms": {f"{b}@{d}/{k}": t * 1e3 for k in kinds for (b, d), t in placed.by_kind[k].items()},
                 "links": {f"{a}->{b}": {"latency_us": lat_s * 1e6, "gb_per_s": bw / 1e9}
-                          for (a, b), (lat_s, bw) in links.items()}}
+                          for (a, b), (lat_s, bw) in placed.links.items()}}
 
 
 class PlacementStrategy(Strategy):
@@ -182,6 +222,30 @@ class PlacementStrategy(Strategy):
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         specs = chosen_devices(pool, params, self.name)
         check_vector(params, [s.name for s in specs])
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """Each image a batch-1 request through the placed program (frames overlap across devices). A
+        given vector with ``x=0`` is run as given; otherwise the placement is measured once, here."""
+        from autohet.planners import encode
+
+        specs = chosen_devices(pool, params, self.name)
+        devices = [s.name for s in specs]
+        check_vector(params, devices)
+        job = PlacementJob(model, np.ascontiguousarray(sample.rows(0, 1)), devices, params)
+
+        def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
+            placed = job.place(engine, reuse_given=True)
+            vector = encode(placed.assignment, placed.graph.names, devices)
+            planned = placed.result is not None
+            return placed.programs.program(placed.assignment), 2, {"assignment": vector, "planned": planned}
+
+        return serve_on_engine(specs, build, batch=1)
+
+    def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """The vector the run ended on, to run as given (per_block backends are chosen by measurement)."""
+        if params.get("backend") == "per_block" or extra.get("assignment_vector") is None:
+            return {}
+        return {"start": "given", "assignment": [int(i) for i in extra["assignment_vector"]], "x": 0}
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         specs = chosen_devices(pool, params, self.name)

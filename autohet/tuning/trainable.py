@@ -218,6 +218,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     if status == "ok" and objectives.mode == "throughput":
         ray.get(manager.record_speed.remote(m.throughput_ips))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
+                           plan=get_strategy(strategy).plan_params(m.params, m.extra),
                            images=workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
                            executor_params=exec_params, objective=objectives.name,
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,

@@ -24,7 +24,9 @@ class ChannelsSession:
     """Built on the engine's side: ``params`` are the strategy's (graphs, runs, batch, depth, rest)."""
 
     def __init__(self, engine: Engine, model: ModelSpec, mode: str, workload: Workload, requests: int,
-                 devices: list[str], params: dict[str, Any], standalone_s: float = 1.0) -> None:
+                 devices: list[str], params: dict[str, Any], standalone_s: float = 1.0, measure: bool = True) -> None:
+        """``measure`` off (a served config): where the params fix the whole plan (``given``) nothing is
+        timed; the devices alone, layers and links are measured only when the plan needs them."""
         import torch
 
         from autohet.engine.blocks import measure_links
@@ -42,14 +44,20 @@ class ChannelsSession:
         self.graph = channel_graph(module, example)
         self.names = [layer.name for layer in self.graph.layers]
         self.check_lengths(params.get("pairing"), params.get("shares"))
-        self.baselines = self._baselines(module, example)
-        pick = max if mode == "throughput" else min
-        self.rest = devices[params["rest"]] if params.get("rest") is not None else pick(self.baselines,
-                                                                                       key=self.baselines.get)
         self.programs = ChannelPrograms(engine, self.graph, params["graphs"])
-        self.times = self.programs.layer_times(devices, runs=params["runs"])
-        self.links = measure_links(engine, devices) if len(devices) > 1 else {}
-        self.hops = self.programs.hop_times(devices, self.rest, runs=max(30, params["runs"])) if self.links else {}
+        if not measure and self.given(params):  # a served plan: nothing left to measure
+            self.baselines: dict[str, float] = {}
+            self.rest = devices[params["rest"]]
+            self.times = dict.fromkeys(((layer.index, d) for layer in self.graph.layers for d in devices), 0.0)
+            self.links, self.hops = {}, {}
+        else:
+            self.baselines = self._baselines(module, example)
+            pick = max if mode == "throughput" else min
+            self.rest = devices[params["rest"]] if params.get("rest") is not None else pick(self.baselines,
+                                                                                           key=self.baselines.get)
+            self.times = self.programs.layer_times(devices, runs=params["runs"])
+            self.links = measure_links(engine, devices) if len(devices) > 1 else {}
+            self.hops = self.programs.hop_times(devices, self.rest, runs=max(30, params["runs"])) if self.links else {}
         item = torch.empty((), dtype=engine[self.rest].dtype).element_size()
         self.costs = [LayerCost(layer.name, layer.channels, {d: self.times[(layer.index, d)] for d in devices},
                                 item * float(np.prod(layer.in_shape)), item * float(np.prod(layer.out_shape)),
@@ -57,6 +65,13 @@ class ChannelsSession:
                                 "host" if layer.node.all_input_nodes[0] is self.graph.placeholder else None)
                       for layer in self.graph.layers]
         self._unit_ms: dict[tuple[Any, ...], float] = {}
+
+    def given(self, params: dict[str, Any]) -> bool:
+        """Whether the params fix the plan without a measured figure: ``start: given``, ``rest`` and
+        the shares of every layer on every device (with two devices, the first's fraction says it)."""
+        shares = params.get("shares")
+        return (params.get("start") == "given" and params.get("rest") is not None and shares is not None
+                and (len(self.devices) <= 2 or len(shares) == len(self.names) * len(self.devices)))
 
     def check_lengths(self, pairing: list[int] | None, shares: list[float] | None) -> None:
         n, d, name = len(self.names), len(self.devices), self.model.name

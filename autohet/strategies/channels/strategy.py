@@ -24,7 +24,7 @@ from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.params import BoolParam, ChoiceParam, FloatListParam, IntListParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine
+from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
 
 if TYPE_CHECKING:
@@ -32,7 +32,10 @@ if TYPE_CHECKING:
     from autohet.engine import Engine
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
+    from autohet.planners.pairing import PairingPlan
     from autohet.pool import Pool, PoolSpec
+    from autohet.strategies.channels._session import ChannelsSession
+    from autohet.strategies.served import Served
     from autohet.workload import Workload
 
 __all__ = ["ChannelsJob", "ChannelsStrategy", "check_params"]
@@ -56,18 +59,23 @@ class ChannelsJob(EngineJob):
         self.model, self.mode, self.workload, self.requests = model, mode, workload, requests
         self.devices, self.params, self.standalone_s = devices, params, standalone_s
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def planned(self, engine: Engine, measure: bool = True) -> tuple[ChannelsSession, PairingPlan]:
+        """The session on the engine (``measure``: see ``ChannelsSession``) and the plan: the seed's
+        heuristic (greedy) or the given pairing."""
         from autohet.strategies.channels._session import ChannelsSession
 
         params = self.params
         session = ChannelsSession(engine, self.model, self.mode, self.workload, self.requests, self.devices, params,
-                                  self.standalone_s)
+                                  self.standalone_s, measure)
         pairing = params["pairing"] if params["start"] == "given" else None
         if params["start"] == "given" and pairing is None:
             pairing = [0] * len(session.names)  # given without a vector: OCP everywhere
-        plan = session.plan(pairing, params["shares"], params["unsplit"])
+        return session, session.plan(pairing, params["shares"], params["unsplit"])
+
+    def run(self, engine: Engine) -> dict[str, Any]:
+        session, plan = self.planned(engine)
         out = session.measure(plan)
-        return {**out, "start": params["start"], **session.report(plan, params["compare"])}
+        return {**out, "start": self.params["start"], **session.report(plan, self.params["compare"])}
 
 
 class ChannelsStrategy(Strategy):
@@ -113,6 +121,31 @@ class ChannelsStrategy(Strategy):
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         check_params(params, [s.name for s in chosen_devices(pool, params, self.name)])
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """The channel-split program on an engine of this process: batch-1 requests (latency) or
+        frames of ``batch``, ``depth`` in flight. A plan the params fix (start given, shares, rest) is
+        built without timing anything; otherwise its costs are measured once, here."""
+        specs = chosen_devices(pool, params, self.name)
+        devices = [s.name for s in specs]
+        check_params(params, devices)
+        job = ChannelsJob(model, mode, sample, min(4, sample.images), devices, params, 0.5)
+
+        def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
+            session, plan = job.planned(engine, measure=False)
+            program = session.programs.program(plan.units, devices, session.rest)
+            return (program, 2 if mode == "latency" else params["depth"],
+                    {"rest": session.rest, "pairing": plan.pairing, "planned": not session.given(params)})
+
+        return serve_on_engine(specs, build, 1 if mode == "latency" else params["batch"])
+
+    def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """The pairing, every layer's shares on every device, and ``rest``, as the run used them."""
+        if extra.get("rest") not in (extra.get("devices") or []) or extra.get("pairing") is None:
+            return {}
+        return {"start": "given", "pairing": [int(p) for p in extra["pairing"]],
+                "shares": [float(v) for row in extra.get("shares") or [] for v in row],
+                "rest": extra["devices"].index(extra["rest"])}
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         specs = chosen_devices(pool, params, self.name)

@@ -13,6 +13,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,10 +39,11 @@ from autohet.strategies.pipeline._plan import (
 if TYPE_CHECKING:
     from autohet.engine import Engine, Program
     from autohet.models import ModelSpec
+    from autohet.partition import BlockGraph
     from autohet.planners import TransferFn
     from autohet.workload import Workload
 
-__all__ = ["PipelineJob", "StepSpans", "measure_stage", "report", "stage_programs", "steady_frame_seconds"]
+__all__ = ["PipelineJob", "Staged", "StepSpans", "measure_stage", "report", "stage_programs", "steady_frame_seconds"]
 
 
 class StepSpans:
@@ -101,6 +103,19 @@ def steady_frame_seconds(stream: Callable[[int], float], min_seconds: float = 0.
     return stream(frames) / frames
 
 
+@dataclass
+class Staged:
+    """A pipeline built on an engine: the block graph, its programs, the plan and the program that
+    runs it; ``times`` and ``links`` are what planning measured (empty for a given plan)."""
+
+    graph: BlockGraph
+    programs: StagePrograms
+    plan: StagePlan
+    program: Program
+    times: dict[tuple[str, str], float] = field(default_factory=dict)
+    links: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+
 class PipelineJob(EngineJob):
     """Plan (or take) the stages, measure the bound, stream the workload, measure the baselines."""
 
@@ -116,13 +131,14 @@ class PipelineJob(EngineJob):
             out = self._run(engine, pinned)
         return {**out, "pinned_frames": pinned}
 
-    def _run(self, engine: Engine, pinned: bool) -> dict[str, Any]:
-        from autohet.engine import stream_frames
+    def stages(self, engine: Engine) -> Staged:
+        """The stages on the engine's devices: given, or planned from block and link times measured
+        here (greedy); the program that streams frames through them."""
         from autohet.engine.blocks import measure_links
         from autohet.planners import table_transfer
 
-        params, devices, batch = self.params, self.devices, self.params["batch"]
-        graph = model_graph(self.model, batch)
+        params, devices = self.params, self.devices
+        graph = model_graph(self.model, params["batch"])
         names = graph.names
         programs = StagePrograms(engine, graph, "torch", params["graphs"])
         sizes = boundary_bytes(graph)
@@ -136,7 +152,15 @@ class PipelineJob(EngineJob):
             problem = StageProblem(names, devices, times, sizes, _in_dtype(table_transfer(links), engine),
                                    payer=lambda src, dst: _issuer(engine, src, dst))
             plan = plan_stages(problem)
-        program = programs.program(plan.assignment(names))
+        return Staged(graph, programs, plan, programs.program(plan.assignment(names)), times, links)
+
+    def _run(self, engine: Engine, pinned: bool) -> dict[str, Any]:
+        from autohet.engine import stream_frames
+
+        params, batch = self.params, self.params["batch"]
+        staged = self.stages(engine)
+        graph, plan, program, times, links = staged.graph, staged.plan, staged.program, staged.times, staged.links
+        names = graph.names
         shapes = value_shapes(graph)
         depth = params["depth"] or default_depth(len(plan.stages))
         # each stage alone with as many frames in flight as the run

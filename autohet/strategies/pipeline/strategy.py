@@ -23,19 +23,23 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.context import tolerance_for
+from autohet.errors import UserError
 from autohet.measurement import ExecutorReport, WorkUnit
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.strategies._driver import RAISE_MARGIN
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine
+from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
-from autohet.strategies.pipeline._plan import check_plan_params
+from autohet.strategies.pipeline._plan import check_plan_params, default_depth
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.engine import Engine
     from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
+    from autohet.strategies.served import Served
+    from autohet.workload import Workload
 
 __all__ = ["PipelineStrategy", "default_batch", "spans_nodes"]
 
@@ -87,6 +91,34 @@ class PipelineStrategy(Strategy):
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
         specs = chosen_devices(pool, params, self.name)
         check_plan_params(params, [s.name for s in specs])
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """Frames of ``batch`` streamed through the stages, ``depth`` in flight, on an engine of this
+        process; the stages given, or planned once here (greedy)."""
+        from autohet.strategies.pipeline._job import PipelineJob
+
+        specs = chosen_devices(pool, params, self.name)
+        devices = [s.name for s in specs]
+        check_plan_params(params, devices)
+        if pool.on_ray and spans_nodes(specs):
+            raise UserError("pipeline: a config whose stages span Ray nodes cannot be served yet; serve one "
+                            "node's executors (devices) or tune on one node")
+        params = {**params, "batch": params["batch"] or min(s.batch for s in specs)}
+        job = PipelineJob(model, sample, devices, params)
+
+        def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
+            staged = job.stages(engine)
+            return (staged.program, params["depth"] or default_depth(len(staged.plan.stages)),
+                    {"cuts": staged.plan.cuts, "stages": staged.plan.order, "planned": params["start"] != "given"})
+
+        return serve_on_engine(specs, build, params["batch"])
+
+    def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """The cut, stage devices, frame size and depth the run streamed."""
+        if "cuts" not in extra:
+            return {}
+        return {"start": "given", "cuts": [int(c) for c in extra["cuts"]], "stages": [int(d) for d in extra["order"]],
+                "batch": int(extra["batch"]), "depth": int(extra["depth"])}
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         specs = chosen_devices(pool, params, self.name)

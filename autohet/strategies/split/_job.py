@@ -13,7 +13,8 @@ from __future__ import annotations
 import time
 from abc import abstractmethod
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -23,20 +24,22 @@ from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.params import BoolParam, FloatParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, run_on_engine
+from autohet.strategies._inprocess import DEVICES, chosen_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.engine import Engine, Program
+    from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool
+    from autohet.strategies.served import Served
     from autohet.strategies.split._chains import SpatialGraph
     from autohet.strategies.split._programs import StagePrograms
     from autohet.workload import Workload
 
-__all__ = ["COMMON_PARAMS", "SpatialJob", "SpatialStrategy", "shares_of", "step_seconds"]
+__all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of", "step_seconds"]
 
 COMMON_PARAMS: dict[str, Param] = {
     "devices": DEVICES,
@@ -83,6 +86,7 @@ class SpatialJob(EngineJob):
     """Trace, baselines, plan (subclass), measure, report; runs where the engine is."""
 
     how: ClassVar[str] = "split"
+    reports = True  # off (a served config): planning measures only what the plan needs, no tables
 
     def __init__(self, model: ModelSpec, mode: str, images: np.ndarray | Workload, devices: list[str],
                  gpus: list[int], cpus: bool, params: dict[str, Any], seconds: float = 1.0) -> None:
@@ -147,16 +151,18 @@ class SpatialJob(EngineJob):
 
     @abstractmethod
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
-             baselines: dict[str, dict[str, float]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
-        """Shares per chain (one per device) and what the planning measured (for the report)."""
+             baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
+        """Shares per chain (one per device) and what the planning measured (for the report);
+        ``baselines()`` measures each device alone (once) where the plan needs their speeds."""
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def build(self, engine: Engine, measure_baselines: bool = True) -> Spatial:
+        """Trace, the devices alone (``measure_baselines``; else only where ``rest`` or the plan needs
+        them), ``rest``, the plan, the program."""
         import torch
 
         from autohet.models import build_model, input_shape
         from autohet.strategies.split._chains import spatial_graph
         from autohet.strategies.split._programs import StagePrograms
-        from autohet.telemetry import TemperatureWatch, default_sources
 
         params = self.params
         module = build_model(self.model)
@@ -166,15 +172,30 @@ class SpatialJob(EngineJob):
         graph = spatial_graph(module, torch.randn((1, *shape), generator=torch.Generator().manual_seed(0)),
                               params.get("max_windows") or 0)
         example = torch.from_numpy(np.ascontiguousarray(self._rows(0, 1))).repeat(self.batch, 1, 1, 1)
-        baselines = self._baselines(engine, module, example)
-        rest = self.devices[params["rest"]] if params["rest"] is not None else self._fastest(baselines)
+        measured: dict[str, dict[str, float]] = {}
+
+        def baselines() -> dict[str, dict[str, float]]:
+            if not measured:
+                measured.update(self._baselines(engine, module, example))
+            return measured
+
+        if measure_baselines:
+            baselines()
+        rest = self.devices[params["rest"]] if params["rest"] is not None else self._fastest(baselines())
         programs = StagePrograms(engine, graph, self.devices, rest, self.batch, params["graphs"])
         shares, planning = self.plan(engine, graph, programs, baselines)
-        program = programs.program(shares, self.how)
+        return Spatial(graph, example, programs.program(shares, self.how), rest, planning, measured)
+
+    def run(self, engine: Engine) -> dict[str, Any]:
+        from autohet.telemetry import TemperatureWatch, default_sources
+
+        built = self.build(engine)
+        graph, program, rest, planning, baselines = built.graph, built.program, built.rest, built.planning, \
+            built.baselines
         with TemperatureWatch(default_sources(self.gpus)) as watch:
             got = self._run_program(engine, program)
         timings: list[Any] = []
-        engine.run(program, {"x": example}, timings)  # one timed frame: who was busy how long
+        engine.run(program, {"x": built.example}, timings)  # one timed frame: who was busy how long
         busy: dict[str, float] = defaultdict(float)
         for t in timings:
             busy[t.device] += t.seconds
@@ -187,6 +208,19 @@ class SpatialJob(EngineJob):
                 "busy_s": {d: busy.get(d, 0.0) * frames for d in self.devices},
                 "chains": len(graph.chains), "stages": [s.kind for s in graph.stages],
                 "chain_windows": [c.windows for c in graph.chains]}
+
+
+@dataclass
+class Spatial:
+    """A row split built on an engine: the traced graph, an input frame, the program, the ``rest``
+    device, what planning measured, and the devices-alone figures measured so far."""
+
+    graph: SpatialGraph
+    example: Any
+    program: Program
+    rest: str
+    planning: dict[str, Any]
+    baselines: dict[str, dict[str, float]]
 
 
 class SpatialStrategy(Strategy):
@@ -206,19 +240,51 @@ class SpatialStrategy(Strategy):
     def check_params(self, params: dict[str, Any], devices: int) -> None:
         """What can be checked before tracing the model (subclasses)."""
 
+    def _job(self, specs: list[ExecutorSpec], model: ModelSpec, mode: str, workload: Workload, requests: int,
+             params: dict[str, Any], seconds: float) -> SpatialJob:
+        """The job over the chosen executors: the first ``requests`` images as batch-1 requests
+        (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
+        images: Any = np.ascontiguousarray(workload.rows(0, requests)) if mode == "latency" else workload
+        batch = params.get("batch") or min(s.batch for s in specs)
+        gpus = [int(s.gpu or 0) for s in specs if s.kind == "gpu"]
+        return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.kind == "cpu" for s in specs),
+                        {**params, "batch": batch}, seconds)
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """The split program on an engine of this process: batch-1 requests (latency) or frames of
+        ``batch``, two in flight. Given shares and ``rest`` are used as they are; what the params leave
+        open (greedy ratios, ``rest``, coedge's speed shares) is measured once, here."""
+        specs = chosen_devices(pool, params, self.name)
+        self.check_params(params, len(specs))
+        job = self._job(specs, model, mode, sample, min(4, sample.images), params, 0.5)
+        job.reports = False
+
+        def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
+            built = job.build(engine, measure_baselines=False)
+            return built.program, 2, {"rest": built.rest, "ratios": built.planning.get("ratios"),
+                                      "measured_alone": sorted(built.baselines)}
+
+        return serve_on_engine(specs, build, job.batch)
+
+    def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+        """``rest`` and the shares the run used (split: per chain, with ``start: given``)."""
+        if extra.get("rest") not in (extra.get("devices") or []):
+            return {}
+        out: dict[str, Any] = {"rest": extra["devices"].index(extra["rest"])}
+        ratios = [float(v) for r in extra.get("ratios") or [] for v in (r if isinstance(r, list) else [r])]
+        if ratios:
+            out["ratios"] = ratios
+            if "start" in self.params:
+                out["start"] = "given"
+        return out
+
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         from autohet.telemetry import temperature_violation as violation
 
         specs = chosen_devices(pool, params, self.name)
         self.check_params(params, len(specs))
-        devices = [s.name for s in specs]
-        batch = params.get("batch") or min(s.batch for s in specs)
-        if ctx.mode == "latency":
-            images: Any = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
-        else:
-            images = ctx.workload
-        job = self.job(ctx.model, ctx.mode, images, devices, [int(s.gpu or 0) for s in specs if s.kind == "gpu"],
-                       any(s.kind == "cpu" for s in specs), {**params, "batch": batch}, ctx.standalone_seconds)
+        job = self._job(specs, ctx.model, ctx.mode, ctx.workload, min(ctx.latency_runs, ctx.workload.images), params,
+                        ctx.standalone_seconds)
         out = run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
         outputs = out.pop("outputs")
         busy = out.pop("busy_s")

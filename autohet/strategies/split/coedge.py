@@ -13,6 +13,7 @@ and recomputes nothing. Same modes, checks and same-run baselines as ``split``; 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.params import FloatListParam, IntParam, Param
@@ -30,7 +31,7 @@ class CoEdgeJob(SpatialJob):
     how = "coedge"
 
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
-             baselines: dict[str, dict[str, float]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
+             baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
         import numpy as np
         import torch
 
@@ -41,10 +42,14 @@ class CoEdgeJob(SpatialJob):
         if given:
             shares = shares_of(given, len(self.devices))
         else:
-            speed = self.speeds(baselines)
+            speed = self.speeds(baselines())
             total = sum(speed.values())
             shares = tuple(speed[d] / total for d in self.devices)
         chosen = [shares] * len(graph.chains)
+        shares_out = [round(s, 4) for s in shares]
+        shares_from = "given" if given else "measured speeds"
+        if not self.reports:  # served: no per-layer table
+            return chosen, {"ratios": shares_out, "shares_from": shares_from}
         program, tags = programs.tagged(chosen, self.how)
         count = min(self.batch, self._count())
         x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count))).repeat(-(-self.batch // count), 1, 1, 1)
@@ -61,8 +66,7 @@ class CoEdgeJob(SpatialJob):
                     "halo_ms": {d: per.get(("halo", str(c), str(g), d), 0.0) * 1e3 for d in self.devices}})
         joins = {str(c): per.get(("join", str(c)), 0.0) * 1e3 for c in range(len(graph.chains))}
         rest = {k: v * 1e3 for k, v in ((t[1], s) for t, s in per.items() if t and t[0] == "rest")}
-        shares_out = [round(s, 4) for s in shares]
-        return chosen, {"ratios": shares_out, "shares_from": "given" if given else "measured speeds",
+        return chosen, {"ratios": shares_out, "shares_from": shares_from,
                         "layer_table": layers, "join_ms": joins, "rest_ms": rest, "frame_ms": wall * 1e3}
 
 

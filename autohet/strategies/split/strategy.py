@@ -20,6 +20,7 @@ side, the join, the total) at the chosen ratios and along the search are in ``m.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.errors import UserError
@@ -57,11 +58,16 @@ def given_shares(ratios: list[float] | None, chains: int, devices: int) -> list[
     return [shares_of(ratios[c * width:(c + 1) * width], devices) for c in range(chains)]
 
 
+def _ratios(shares: list[tuple[float, ...]], devices: int) -> list[Any]:
+    """Per chain, device 0's share (two devices) or every device's: the report's ``ratios``."""
+    return [s[0] for s in shares] if devices == 2 else [list(s) for s in shares]
+
+
 class SplitJob(SpatialJob):
     how = "split"
 
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
-             baselines: dict[str, dict[str, float]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
+             baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
         import numpy as np
         import torch
 
@@ -71,6 +77,9 @@ class SplitJob(SpatialJob):
 
         params, n = self.params, len(self.devices)
         chains = graph.chains
+        given = given_shares(params.get("ratios"), len(chains), n) if params["start"] == "given" else None
+        if given is not None and not self.reports:  # served: the given shares, no chain timed
+            return given, {"ratios": _ratios(given, n), "start": "given"}
         count = min(self.batch, self._count())
         x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
         x = x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
@@ -97,7 +106,6 @@ class SplitJob(SpatialJob):
                     "join_ms": cost.join * 1e3, "total_ms": cost.span * 1e3}
 
         chosen, table = [], []
-        given = given_shares(params.get("ratios"), len(chains), n) if params["start"] == "given" else None
         for c, stage in enumerate(chains):
             row: dict[str, Any] = {"chain": c, "first": stage.nodes[0].name, "last": stage.nodes[-1].name,
                                    "windows": stage.windows, "height": graph.height(stage.outputs[0])}
@@ -112,8 +120,7 @@ class SplitJob(SpatialJob):
                            search=[entry(c, s) for s, _ in plan.trace])
             row.update(entry(c, chosen[-1]))
             table.append(row)
-        ratios: list[Any] = [s[0] for s in chosen] if n == 2 else [list(s) for s in chosen]
-        return chosen, {"ratios": ratios, "start": params["start"], "chain_table": table}
+        return chosen, {"ratios": _ratios(chosen, n), "start": params["start"], "chain_table": table}
 
 
 class SplitStrategy(SpatialStrategy):

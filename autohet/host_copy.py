@@ -1,0 +1,55 @@
+"""Large host-memory copies on several threads.
+
+A stream's window is a gigabyte of images: copied into the runner's buffer and staged into a GPU's
+pinned buffer in its precision once per call. One thread copies 3-4 GB/s (on the H100 box a
+1792-image resnet18 window took 0.26-0.32 s to join and 0.13 s to stage, against 0.05 s for the GPU
+to run it), and a thread's torch copies run on one thread once an executor has set torch's thread
+count to its cores. Row chunks on a pool of plain threads, each copying its chunk (torch releases
+the interpreter lock while it copies), use the cores of this process instead.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+__all__ = ["copy_rows"]
+
+CHUNK_BYTES = 32 << 20  # below this a chunk is not worth a thread
+_POOL: ThreadPoolExecutor | None = None
+_LOCK = threading.Lock()
+
+
+def _cores() -> set[int]:
+    """The process's cores (its main thread's affinity: executors pin only their own threads)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(os.getpid())
+    return set(range(os.cpu_count() or 1))
+
+
+def _unpin() -> None:
+    if hasattr(os, "sched_setaffinity"):  # a pool thread inherits its creator's pinning: undo it
+        os.sched_setaffinity(threading.get_native_id(), _cores())
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(min(16, len(_cores())), thread_name_prefix="autohet-copy", initializer=_unpin)
+        return _POOL
+
+
+def copy_rows(dst: Any, src: Any) -> None:
+    """``dst.copy_(src)`` for torch tensors of the same first dimension (a dtype conversion included),
+    split by rows over the copy threads when it is large."""
+    rows = int(dst.shape[0])
+    parts = min(len(_cores()), 16, rows, max(1, (dst.numel() * dst.element_size()) // CHUNK_BYTES))
+    if parts <= 1:
+        dst.copy_(src)
+        return
+    bounds = [(k * rows // parts, (k + 1) * rows // parts) for k in range(parts)]
+    for future in [_pool().submit(lambda a=a, b=b: dst[a:b].copy_(src[a:b])) for a, b in bounds]:
+        future.result()

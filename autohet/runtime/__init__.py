@@ -1,0 +1,8 @@
+"""The production runtime: an exported config running inference (``autohet.load``) and batch files
+of images through it (``autohet run --config --input``)."""
+
+from __future__ import annotations
+
+from autohet.runtime.runner import Runner, load
+
+__all__ = ["Runner", "load"]

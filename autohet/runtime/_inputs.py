@@ -1,0 +1,138 @@
+"""What a runner accepts and gives back: batches as numpy arrays or torch tensors, checked in one
+line each; and the read-ahead of a stream of batches on its own thread."""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autohet.errors import UserError
+
+__all__ = ["Batch", "ReadAhead", "as_batch", "join"]
+
+
+@dataclass
+class Batch:
+    """One call's images as a float32 C-contiguous array, and how to hand outputs back: a torch
+    tensor on ``device`` when the input was one (else a numpy array)."""
+
+    images: np.ndarray
+    torch_device: Any = None
+
+    def give_back(self, outputs: np.ndarray) -> Any:
+        if self.torch_device is None:
+            return outputs
+        import torch
+
+        out = torch.from_numpy(outputs)
+        return out if self.torch_device.type == "cpu" else out.to(self.torch_device)
+
+
+def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
+    """``x`` checked against the model's input (N, C, H, W) float32; UserError naming the fix."""
+    device = None
+    if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
+        import torch
+
+        if x.dtype != torch.float32:
+            raise UserError(f"input dtype is {x.dtype}; {model} takes float32: convert with x.float()")
+        device = x.device
+        x = x.detach().cpu().numpy()
+    elif not isinstance(x, np.ndarray):
+        raise UserError(f"input is a {type(x).__name__}; pass a numpy array or a torch tensor of shape "
+                        f"(N, {', '.join(map(str, shape))})")
+    elif x.dtype != np.float32:
+        raise UserError(f"input dtype is {x.dtype}; {model} takes float32: convert with x.astype(numpy.float32)")
+    if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != tuple(shape):
+        hint = "add the batch axis (x[None])" if tuple(x.shape) == tuple(shape) else \
+            "resize and crop the images to the model's input (autohet run --input does)"
+        raise UserError(f"input has shape {tuple(x.shape)}; {model} takes (N, {', '.join(map(str, shape))}): {hint}")
+    return Batch(np.ascontiguousarray(x), device)
+
+
+def join(arrays: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """The arrays one after another into ``out`` (as many rows as they hold together), copied on
+    several threads (``host_copy``)."""
+    import warnings
+
+    import torch
+
+    from autohet.host_copy import copy_rows
+
+    start = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only inputs: only read
+        for a in arrays:
+            copy_rows(torch.from_numpy(out[start : start + len(a)]), torch.from_numpy(a))
+            start += len(a)
+    return out
+
+
+_END = object()
+
+
+class ReadAhead:
+    """Batches pulled from ``source`` on a thread of their own, checked (``as_batch``) and held until
+    taken, at most ``limit`` images ahead, so producing the next batches (decoding, a tensor's copy
+    from a GPU) overlaps the current call. An error of the source or of a check is raised in order,
+    after the batches before it."""
+
+    def __init__(self, source: Iterable[Any], shape: tuple[int, ...], model: str, limit: int) -> None:
+        self.items: deque[Any] = deque()
+        self.held = 0
+        self.limit = max(1, limit)
+        self.stopped = False
+        self.cond = threading.Condition()
+        self.thread = threading.Thread(target=self._read, args=(iter(source), shape, model), daemon=True,
+                                       name="autohet-read-ahead")
+        self.thread.start()
+
+    def _read(self, source: Iterator[Any], shape: tuple[int, ...], model: str) -> None:
+        try:
+            for x in source:
+                item: Any = as_batch(x, shape, model)
+                with self.cond:
+                    self.cond.wait_for(lambda: self.stopped or self.held < self.limit)
+                    if self.stopped:
+                        return
+                    self._put(item, len(item.images))
+        except BaseException as exc:  # handed to the consumer, in order
+            with self.cond:
+                self._put(exc, 0)
+            return
+        with self.cond:
+            self._put(_END, 0)
+
+    def _put(self, item: Any, images: int) -> None:
+        self.items.append(item)
+        self.held += images
+        self.cond.notify_all()
+
+    def take(self, images: int) -> tuple[list[Batch], BaseException | None, bool]:
+        """At least one batch (waiting for it), then more while they are already here and fewer than
+        ``images`` images are taken: (batches, an error that came next, whether the source ended)."""
+        taken: list[Batch] = []
+        count = 0
+        with self.cond:
+            self.cond.wait_for(lambda: bool(self.items))
+            while self.items and (not taken or count < images):
+                item = self.items.popleft()
+                if item is _END:
+                    return taken, None, True
+                if isinstance(item, BaseException):
+                    return taken, item, True
+                taken.append(item)
+                count += len(item.images)
+                self.held -= len(item.images)
+            self.cond.notify_all()
+        return taken, None, False
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify_all()

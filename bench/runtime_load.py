@@ -1,0 +1,140 @@
+"""A config through ``autohet.load`` next to the run it was tuned from, side by side in one process
+(issue 27):
+
+- stream: the config's strategy and params measured as a trial measures them (``run_strategy``
+  over ``--images`` synthetic images), then the same config through ``autohet.load``, those images
+  streamed in batches of ``--batch`` (default: the executors' largest batch) through
+  ``runner.map``; img/s of both and their ratio;
+- files (``--jpegs N``): N synthetic JPEGs (``--jpeg-size``) through ``run --input`` (``run_batch``,
+  decoding on the cores the config leaves free) to an .npy: img/s with decoding, next to the
+  stream's inference alone, and which cores decoded.
+
+    python -m bench.runtime_load --config runs/resnet18/best.yaml --images 20000 --jpegs 20000
+    python -m bench.runtime_load --smoke       # lenet fast_split on actors/cpu2.yaml, a few images
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench._common import emit
+
+
+def measured_run(config: Any, images: int) -> float:
+    """The config's strategy as a trial runs it (in-process executors): its img/s (or 1/p50)."""
+    from autohet.context import RunContext
+    from autohet.objectives import ObjectiveSet
+    from autohet.pool import LocalPool
+    from autohet.running import run_strategy
+    from autohet.workload import workload_for
+
+    mode = ObjectiveSet.parse(config.objective).mode
+    ctx = RunContext(config.model, workload_for(config.model.name, images, config.workload_seed), check_images=16,
+                     mode=mode, standalone_seconds=0.5)
+    pool = LocalPool(config.pool)
+    try:
+        m = run_strategy(config.strategy, {**config.params, **config.plan}, pool, ctx)
+    finally:
+        pool.shutdown()
+    if not m.output_ok:
+        raise SystemExit(f"the measured run failed its output check: {m.failures}")
+    return m.throughput_ips
+
+
+def streamed(path: str, images: int, batch: int | None) -> tuple[float, dict[str, Any]]:
+    """img/s of ``images`` synthetic images through ``autohet.load``'s ``map`` (after one warm-up pass
+    of a tenth of them), in batches of ``batch``: views of the synthetic bank (at most 512 MB of
+    distinct images, reused), so producing them costs nothing."""
+    import autohet
+    from autohet.workload import workload_for
+
+    with autohet.load(path) as runner:
+        size = batch or max(e.batch for e in runner.config.pool.executors)
+        bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
+        starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
+
+        def batches(n: int) -> Any:
+            return (bank[starts[k % len(starts)]:][: min(size, n - s)] for k, s in enumerate(range(0, n, size)))
+
+        for _ in runner.map(batches(max(size, images // 10))):
+            pass
+        start = time.perf_counter()
+        done = sum(len(out) for out in runner.map(batches(images)))
+        wall = time.perf_counter() - start
+        return done / wall, {"batch": size, "window": runner.window, "served": runner.describe()["served"]}
+
+
+def _write_jpeg(args: tuple[Path, int, int]) -> None:
+    from PIL import Image
+
+    path, seed, size = args
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:size * 3 // 4, 0:size]
+    base = (np.stack([x, y, x + y], axis=-1) * (255.0 / (2 * size)) + rng.integers(0, 40, 3)).astype(np.uint8)
+    Image.fromarray(base).save(path, quality=90)
+
+
+def files(path: str, count: int, size: int, folder: Path) -> dict[str, Any]:
+    """``count`` JPEGs written to ``folder``, then run through the config to an .npy (``run_batch``)."""
+    from autohet.runtime.batch import run_batch
+
+    jobs = [(folder / f"{i // 1000:03d}" / f"{i:06d}.jpg", i, size) for i in range(count)]
+    for sub in {p.parent for p, _, _ in jobs}:
+        sub.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor() as pool:
+        list(pool.map(_write_jpeg, jobs, chunksize=64))
+    summary = run_batch(path, folder, folder / "out.npy")
+    return {"files_ips": summary["throughput_ips"], "decode_cores": summary["decode"]["cores"],
+            "decode_shared": summary["decode"]["shared_with_devices"], "files": summary["images"]}
+
+
+def smoke_config(folder: Path) -> str:
+    from autohet.config import RunConfig, write_config
+    from autohet.models import ModelSpec
+    from autohet.pool import load_pool
+
+    config = RunConfig(ModelSpec("lenet"), load_pool("actors/cpu2.yaml"), "fast_split", {}, images=2000)
+    return str(write_config(config, folder / "smoke.yaml"))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
+    parser.add_argument("--images", type=int, default=20000)
+    parser.add_argument("--batch", type=int, help="images per streamed batch (default: the largest executor batch)")
+    parser.add_argument("--jpegs", type=int, default=0, help="also run this many synthetic JPEGs through run --input")
+    parser.add_argument("--jpeg-size", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
+    parser.add_argument("--smoke", action="store_true", help="lenet on actors/cpu2.yaml, 2000 images, 40 JPEGs")
+    parser.add_argument("--out", help="write the rows as JSON")
+    args = parser.parse_args()
+    from autohet.config import load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path = smoke_config(folder) if args.smoke else args.config
+        if not path:
+            raise SystemExit("give --config FILE or --smoke")
+        images, jpegs = (2000, 40) if args.smoke else (args.images, args.jpegs)
+        config = load_config(path)
+        run_ips = measured_run(config, images)
+        load_ips, how = streamed(path, images, args.batch)
+        row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
+                               "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
+                               **{k: v for k, v in how.items() if k != "served"}}
+        if jpegs:
+            row.update(files(path, jpegs, 64 if args.smoke else args.jpeg_size, folder / "jpegs"))
+            row["files_over_load"] = row["files_ips"] / load_ips
+    emit("runtime_load", [row], [c for c in ("model", "strategy", "images", "batch", "run_ips", "load_ips",
+                                             "load_over_run", "files", "files_ips", "files_over_load",
+                                             "decode_cores") if c in row], args.out)
+
+
+if __name__ == "__main__":
+    main()

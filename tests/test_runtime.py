@@ -1,0 +1,245 @@
+"""``autohet.load``: every family's exported config returns the single-device reference's outputs for
+one call, a stream and two threads at once; plans are taken from the config or measured once at
+load; bad input is one line; a Ray executor killed mid-call loses nothing."""
+
+from __future__ import annotations
+
+import re
+import threading
+
+import numpy as np
+import pytest
+
+import autohet
+from autohet.config import RunConfig, write_config
+from autohet.context import TOLERANCE
+from autohet.errors import UserError
+from autohet.executors import ExecutorSpec
+from autohet.models import ModelSpec, build_model, input_shape
+from autohet.pool import LocalPool, PoolSpec, load_pool
+from autohet.strategies import get_strategy
+
+CPU2 = "actors/cpu2.yaml"
+
+
+def write(tmp_path, model: str, strategy: str, params: dict, objective: str = "throughput", images: int = 64,
+          plan: dict | None = None):
+    config = RunConfig(ModelSpec(model), load_pool(CPU2), strategy, params, images=images, objective=objective,
+                       plan=plan or {})
+    return write_config(config, tmp_path / f"{model}-{strategy}-{objective}.yaml")
+
+
+def family_params(model: str, family: str) -> tuple[str, str, dict]:
+    """(strategy, objective, params) of a small given plan of each family on actors/cpu2.yaml, sized
+    from the strategy's own vector lengths for the model."""
+    spec = load_pool(CPU2)
+    if family == "data_parallel":
+        return "fast_split", "throughput", {"w_s": 2, "threshold": 2}
+    if family == "single_latency":
+        return "single", "latency", {"executor": 1}
+    if family == "placement":
+        blocks = get_strategy("placement").space_sizes(ModelSpec(model), spec)["blocks"]
+        vector = [0] * (blocks // 2) + [1] * (blocks - blocks // 2)
+        return "placement", "latency", {"start": "given", "assignment": vector, "x": 0}
+    if family == "pipeline":
+        blocks = get_strategy("pipeline").space_sizes(ModelSpec(model), spec)["blocks"]
+        return "pipeline", "throughput", {"start": "given", "cuts": [blocks // 2], "stages": [0, 1], "batch": 2}
+    if family == "split":
+        return "split", "throughput", {"start": "given", "ratios": [0.5], "rest": 0, "batch": 2}
+    if family == "coedge":
+        return "coedge", "latency", {"ratios": [0.4, 0.6], "rest": 1}
+    layers = get_strategy("channels").space_sizes(ModelSpec(model), spec)["layers"]
+    return "channels", "throughput", {"start": "given", "shares": [0.5] * layers, "rest": 0, "batch": 2}
+
+
+FAMILIES = ["data_parallel", "single_latency", "placement", "pipeline", "split", "coedge", "channels"]
+
+
+def reference(model: str, images: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        return build_model(ModelSpec(model))(torch.from_numpy(images)).numpy()
+
+
+def close_to(out: np.ndarray, ref: np.ndarray) -> None:
+    assert out.shape == ref.shape and out.dtype == np.float32
+    tol = TOLERANCE["fp32"] * float(np.abs(ref).max())
+    assert float(np.abs(out - ref).max()) <= tol
+
+
+@pytest.mark.parametrize("model", ["lenet", "resnet18"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_returns_the_reference_for_a_call_a_stream_and_two_threads(tmp_path, model, family):
+    strategy, objective, params = family_params(model, family)
+    x = np.random.default_rng(1).standard_normal((9, *input_shape(model)), dtype=np.float32)
+    ref = reference(model, x)
+    with autohet.load(write(tmp_path, model, strategy, params, objective)) as runner:
+        close_to(runner(x[:3]), ref[:3])  # one call (the checked one)
+        assert runner.checked and runner.check_result["max_abs_diff"] <= runner.check_result["tolerance"]
+        stream = list(runner.map([x[3:5], x[5:5], x[5:6]]))  # an empty batch keeps its place
+        assert [len(o) for o in stream] == [2, 0, 1]
+        close_to(np.concatenate(stream), ref[3:6])
+        got: dict[int, np.ndarray] = {}
+        barrier = threading.Barrier(2)
+
+        def call(k: int) -> None:
+            barrier.wait()
+            got[k] = runner(x[6 + k * 2 : 8 + k * 2][:2 - k])
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        close_to(got[0], ref[6:8])
+        close_to(got[1], ref[8:9])
+        assert runner.deaths == []
+
+
+@pytest.mark.parametrize("family", ["placement", "pipeline", "split", "coedge", "channels"])
+def test_a_greedy_config_is_planned_once_at_load_and_its_export_runs_the_planned_vectors(tmp_path, family):
+    """The run's plan (``plan_params``, what the tuner exports under ``plan``) loads as given and
+    nothing is measured; the same config without it is planned once, at load."""
+    from autohet.context import RunContext
+    from autohet.running import run_strategy
+    from autohet.workload import workload_for
+
+    strategy, objective, given = family_params("lenet", family)
+    params = {k: v for k, v in given.items() if k in ("batch", "x")} | {"runs": 1}
+    if family == "channels":
+        params["compare"] = False
+    ctx = RunContext(ModelSpec("lenet"), workload_for("lenet", 16), check_images=8, mode=objective, latency_runs=4,
+                     standalone_seconds=0.05)
+    m = run_strategy(strategy, params, LocalPool(load_pool(CPU2)), ctx)
+    assert m.output_ok, m.failures
+    plan = get_strategy(strategy).plan_params(m.params, m.extra)
+    assert plan
+    x = np.random.default_rng(2).standard_normal((3, 1, 28, 28), dtype=np.float32)
+    with autohet.load(write(tmp_path, "lenet", strategy, params, objective, plan=plan)) as runner:
+        served = runner.describe()["served"]
+        close_to(runner(x), reference("lenet", x))
+    assert served.get("planned") is not True and not served.get("measured_alone")
+    ran = {"placement": ("assignment", "assignment_vector"), "pipeline": ("cuts", "cuts"),
+           "split": ("ratios", "ratios"), "coedge": ("ratios", "ratios"), "channels": ("pairing", "pairing")}[family]
+    assert served[ran[0]] == m.extra[ran[1]]
+    with autohet.load(write(tmp_path, "lenet", strategy, params, objective)) as greedy:
+        close_to(greedy(x), reference("lenet", x))
+        served = greedy.describe()["served"]
+    assert served.get("planned") is True or served.get("measured_alone")
+
+
+def test_bad_input_is_one_line_naming_the_fix(tmp_path):
+    import torch
+
+    with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 8})) as runner:
+        image = np.zeros((1, 28, 28), np.float32)
+        cases = [(image, "add the batch axis"), (np.zeros((2, 3, 28, 28), np.float32), "resize and crop"),
+                 (np.zeros((2, 1, 28, 28)), "astype(numpy.float32)"), ([image], "numpy array or a torch tensor"),
+                 (torch.zeros((2, 1, 28, 28), dtype=torch.float64), "x.float()")]
+        for bad, fix in cases:
+            with pytest.raises(UserError, match=re.escape(fix)) as info:
+                runner(bad)
+            assert len(str(info.value).splitlines()) == 1
+        assert runner(np.zeros((0, 1, 28, 28), np.float32)).shape == (0, 10)
+        out = runner(torch.zeros((3, 1, 28, 28)))
+        assert isinstance(out, torch.Tensor) and out.shape == (3, 10)
+        with pytest.raises(UserError, match="dtype is float64"):
+            list(runner.map([np.zeros((1, 1, 28, 28), np.float32), np.zeros((1, 1, 28, 28))]))
+    with pytest.raises(UserError, match="closed"):
+        runner(np.zeros((1, 1, 28, 28), np.float32))
+
+
+def test_a_config_whose_outputs_differ_fails_its_first_call(tmp_path, monkeypatch):
+    """A device that computes wrong (simulated: the served outputs perturbed) fails the first call's
+    check in one line; check=False serves it unchecked."""
+    from autohet.strategies.data_parallel import DataParallelServed
+
+    real = DataParallelServed.__call__
+    monkeypatch.setattr(DataParallelServed, "__call__", lambda self, images: real(self, images) + 1.0)
+    path = write(tmp_path, "lenet", "fifo", {"c": 8})
+    x = np.zeros((4, 1, 28, 28), np.float32)
+    with autohet.load(path) as runner:
+        with pytest.raises(UserError, match="does not reproduce its outputs on this machine") as info:
+            runner(x)
+        assert len(str(info.value).splitlines()) == 1 and not runner.checked
+    with autohet.load(path, check=False) as unchecked:
+        assert unchecked(x).shape == (4, 10)
+
+
+def test_load_serves_other_weights_another_pool_and_one_executor(tmp_path):
+    """``checkpoint=`` reaches every family's model (placement's blocks included); ``pool=`` runs the
+    config on another pool file; ``executor=`` one executor of a data-parallel config."""
+    import torch
+
+    weights = tmp_path / "trained.pt"
+    torch.save(build_model(ModelSpec("lenet", seed=7)).state_dict(), weights)
+    x = np.random.default_rng(4).standard_normal((4, 1, 28, 28), dtype=np.float32)
+    with torch.inference_mode():
+        trained = build_model(ModelSpec("lenet", 0, str(weights)))(torch.from_numpy(x)).numpy()
+    strategy, objective, params = family_params("lenet", "placement")
+    with autohet.load(write(tmp_path, "lenet", strategy, params, objective), checkpoint=str(weights)) as runner:
+        close_to(runner(x), trained)
+    fifo = write(tmp_path, "lenet", "fifo", {"c": 2})
+    with autohet.load(fifo, pool="actors/cpu1.yaml") as one:
+        close_to(one(x), reference("lenet", x))
+        assert one.describe()["served"]["executors"] == ["cpu[0,1]"]
+    with autohet.load(fifo, executor=1) as replica:  # one executor of the config, as a service replica
+        close_to(replica(x), reference("lenet", x))
+        assert replica.describe()["served"]["executors"] == ["cpu[1]"] and replica.cores == {1}
+    with pytest.raises(UserError, match="executor= serves one executor of a data-parallel config"):
+        autohet.load(write(tmp_path, "lenet", strategy, params, objective), executor=0)
+
+
+def test_load_refuses_what_cannot_run_in_one_line(tmp_path):
+    lenet = write(tmp_path, "lenet", "placement", {"start": "given", "assignment": [0, 1, 5], "x": 0}, "latency")
+    with pytest.raises(UserError, match="assignment has device index 5"):
+        autohet.load(lenet)
+    with pytest.raises(UserError, match="unknown model"):
+        autohet.load(write(tmp_path, "lenet", "fifo", {}), model="vgg17")
+    with pytest.raises(UserError, match="not found"):
+        autohet.load(tmp_path / "none.yaml")
+
+
+def test_a_large_copy_split_over_threads_gives_the_same_rows():
+    """``host_copy.copy_rows`` (a window's join, a GPU's staging): row chunks on threads, a dtype
+    conversion included, equal to one copy; its threads are not pinned by the thread that made them."""
+    import os
+
+    import torch
+
+    from autohet.host_copy import _cores, _pool, copy_rows
+
+    src = torch.randn(40, 1024, 1024)  # 160 MB: several chunks
+    dst = torch.empty(40, 1024, 1024, dtype=torch.float16)
+    copy_rows(dst, src)
+    assert torch.equal(dst, src.half())
+    assert _pool().submit(lambda: os.sched_getaffinity(0)).result() == _cores()
+
+
+def test_import_autohet_stays_light():
+    import subprocess
+    import sys
+
+    code = "import sys, autohet; print(int('autohet.runtime' in sys.modules), int('ray' in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["0", "0"]
+
+
+@pytest.mark.ray
+def test_a_ray_executor_that_dies_mid_call_loses_nothing(tmp_path, ray_local, caplog):
+    """SIMULATED executors on Ray actors (outputs are image indices): s1's process exits on its third
+    unit, inside a call; its unit is re-run on the others, every output comes back in order, the
+    death is reported, and the next call gives s1 no work."""
+    spec = PoolSpec("sim3", [ExecutorSpec("s0", "sim", batch=10, speed_ips=20000.0),
+                             ExecutorSpec("s1", "sim", batch=10, speed_ips=20000.0, extra={"die_after_units": 2}),
+                             ExecutorSpec("s2", "sim", batch=10, speed_ips=20000.0)])
+    x = np.zeros((1000, 1, 28, 28), np.float32)
+    config = RunConfig(ModelSpec("lenet"), spec, "fifo", {"c": 50})  # a RunConfig loads as a file would
+    with autohet.load(config, ray=True) as runner:
+        out = runner(x)
+        assert np.array_equal(out[:, 0], np.arange(1000, dtype=np.float32)) and runner.checked
+        assert len(runner.deaths) == 1 and "s1 died" in runner.deaths[0] and "re-dispatched" in runner.deaths[0]
+        assert "s1 died" in caplog.text
+        again = runner(x[:300])
+        assert np.array_equal(again[:, 0], np.arange(300, dtype=np.float32)) and len(runner.deaths) == 1
