@@ -257,3 +257,25 @@ def test_cpu_inductor_executor_matches_the_reference_and_compiles_once(lenet_wor
     assert np.max(np.abs(out - ref)) <= 1e-3 * np.max(np.abs(ref))
     ex.configure({"batch": 32})  # unchanged: nothing compiled again
     assert ex.describe()["compile_s"] == 0.0
+
+
+@pytest.mark.gpu
+def test_gpu_executor_runs_a_stream_staged_by_turns_from_parts(lenet_workload):
+    """A stream's windows copied straight from their parts into two pinned buffers by turns: while
+    the current window's units read one, the next is staged into the other."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=32, precision="fp16"), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    rows = lenet_workload.rows(0, 150)
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(np.ascontiguousarray(rows))).numpy()
+    first = ex.stage([rows[:50], rows[50:70]])
+    second = ex.stage([rows[70:150]])  # the other buffer: the first is untouched
+    assert first.is_pinned() and first.data_ptr() != second.data_ptr()
+    ex.use_staged(first)
+    out_a = ex.run(0, 70).outputs
+    ex.use_staged(second)
+    out_b = ex.run(0, 80).outputs
+    tol = 1e-2 * np.max(np.abs(ref))
+    assert np.max(np.abs(np.concatenate([out_a, out_b]) - ref)) <= tol

@@ -243,3 +243,40 @@ def test_a_ray_executor_that_dies_mid_call_loses_nothing(tmp_path, ray_local, ca
         assert "s1 died" in caplog.text
         again = runner(x[:300])
         assert np.array_equal(again[:, 0], np.arange(300, dtype=np.float32)) and len(runner.deaths) == 1
+
+
+def test_a_long_stream_is_staged_window_by_window_and_a_call_from_another_thread_runs_between(tmp_path,
+                                                                                           monkeypatch):
+    """After the checked first call, a stream's windows go through ``Served.stream``: each staged (on
+    the stager's thread) before the one before it has run out, outputs in order; a call from another
+    thread mid-stream gets its own outputs; a stream closed early stops its reader and stager."""
+    from autohet.strategies.data_parallel import DataParallelServed
+
+    staged_on: list[str] = []
+    real = LocalPool.stage
+
+    def stage(pool, parts):
+        staged_on.append(threading.current_thread().name)
+        return real(pool, parts)
+
+    monkeypatch.setattr(LocalPool, "stage", stage)
+    x = np.random.default_rng(2).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
+    ref = reference("lenet", x)
+    with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 3}), window=4) as runner:
+        assert isinstance(runner.served, DataParallelServed)
+        runner(x[:2])  # the checked call
+        side: list[np.ndarray] = []
+        outs = []
+        for k, out in enumerate(runner.map([x[i : i + 2] for i in range(2, 34, 2)])):
+            outs.append(out)
+            if k == 3:  # mid-stream, from another thread: runs between two windows
+                t = threading.Thread(target=lambda: side.append(runner(x[34:37])))
+                t.start()
+                t.join(60)
+        close_to(np.concatenate(outs), ref[2:34])
+        close_to(side[0], ref[34:37])
+        assert len(staged_on) >= 7 and all(name.startswith("autohet-stage") for name in staged_on)
+        early = runner.map([x[i : i + 2] for i in range(0, 40, 2)])
+        close_to(next(early), ref[:2])
+        early.close()  # must not hang on the stager waiting for a window
+        close_to(runner(x[37:40]), ref[37:40])

@@ -160,6 +160,16 @@ class Executor(ABC):
         GPU's pinned bank) override."""
         self.workload = workload
 
+    def stage(self, parts: list[np.ndarray]) -> Any:
+        """A stream's next call, made ready while units of the current one run (so it may run on any
+        thread, and touches nothing the running units read): by default the parts as one array, which
+        ``use_staged`` makes the workload. A GPU copies them straight into a pinned buffer instead."""
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def use_staged(self, staged: Any) -> None:
+        """Makes what ``stage`` returned the images of the next units (called between runs)."""
+        self.set_workload(Workload(staged, len(staged)))
+
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs a unit, told which one comes next (asynchronous executors queue it before waiting)."""
         if size >= self.spec.batch:  # full batches of this shape ran: standalone needs no warm-up

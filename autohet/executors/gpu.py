@@ -179,6 +179,39 @@ class GpuExecutor(Executor):
         self.workload, self._bank_of, self._banks, self.bank = workload, workload.bank, {self.dtype: bank}, bank
         self._ahead = {}
 
+    # a stream's calls, staged by turns into two pinned buffers: the next call's while the current one runs
+    _turns: list[torch.Tensor | None] | None = None
+    _turn = 0
+
+    def stage(self, parts: list[np.ndarray]) -> torch.Tensor:
+        """The parts copied straight into the next of two pinned buffers in the compute dtype (no join,
+        one host copy, on several threads); the other buffer may be in use by the current call's units."""
+        import warnings
+
+        from autohet.host_copy import copy_rows
+
+        total = sum(len(p) for p in parts)
+        if self._turns is None:
+            self._turns = [None, None]
+        self._turn ^= 1
+        buffer = self._turns[self._turn]
+        if buffer is None or buffer.dtype != self.dtype or buffer.shape[1:] != parts[0].shape[1:] \
+                or buffer.shape[0] < total:
+            buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=self.dtype,
+                                                           pin_memory=True)
+        start = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
+            for part in parts:
+                copy_rows(buffer[start : start + len(part)], torch.from_numpy(part))
+                start += len(part)
+        return buffer[:total]
+
+    def use_staged(self, staged: torch.Tensor) -> None:
+        self.workload = Workload(staged, int(staged.shape[0]))  # units read ``bank``; the workload counts rows
+        self._bank_of, self._banks, self.bank = staged, {self.dtype: staged}, staged
+        self._ahead = {}
+
     def _bank(self, dtype: torch.dtype) -> torch.Tensor:
         """The workload once in pinned host memory in ``dtype`` (kept per dtype, for this workload)."""
         assert self.workload is not None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from autohet.errors import UserError
 from autohet.executors import Executor, ExecutorSpec, make_executor
 from autohet.models import ModelSpec
@@ -68,6 +70,15 @@ class Pool(ABC):
         """Gives the started executors new images (a served call's), models kept; returns the
         executors that could not take them (dead)."""
 
+    def stage(self, parts: list[np.ndarray]) -> Any:
+        """A stream's next call made ready while the current one runs (``use_staged`` then gives it to the
+        executors): by default the parts joined, to be placed with ``set_workload``."""
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def use_staged(self, staged: Any) -> list[int]:
+        """Gives the executors the staged call's images; returns those that could not take them."""
+        return self.set_workload(Workload(staged, len(staged)))
+
     @abstractmethod
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
@@ -119,6 +130,25 @@ class LocalPool(Pool):
     def set_workload(self, workload: Workload) -> list[int]:
         for future in [w.submit(lambda ex=ex: ex.set_workload(workload))
                        for w, ex in zip(self.workers, self.executors, strict=True)]:
+            future.result()
+        return []
+
+    def stage(self, parts: list[np.ndarray]) -> list[Any]:
+        """Each executor's staging of the next call, on the calling thread (the executors' own threads
+        may be running the current call); executors that stage the default way share one joined copy."""
+        joined: Any = None
+        out = []
+        for ex in self.executors:
+            if type(ex).stage is Executor.stage:
+                joined = ex.stage(parts) if joined is None else joined
+                out.append(joined)
+            else:
+                out.append(ex.stage(parts))
+        return out
+
+    def use_staged(self, staged: Any) -> list[int]:
+        for future in [w.submit(lambda ex=ex, s=s: ex.use_staged(s))
+                       for w, ex, s in zip(self.workers, self.executors, staged, strict=True)]:
             future.result()
         return []
 

@@ -119,7 +119,9 @@ class ReadAhead:
         taken: list[Batch] = []
         count = 0
         with self.cond:
-            self.cond.wait_for(lambda: bool(self.items))
+            self.cond.wait_for(lambda: bool(self.items) or self.stopped)
+            if self.stopped and not self.items:
+                return taken, None, True
             while self.items and (not taken or count < images):
                 item = self.items.popleft()
                 if item is _END:

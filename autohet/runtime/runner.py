@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ import numpy as np
 from autohet.config import RunConfig, load_config
 from autohet.errors import UserError
 from autohet.models import ModelSpec, input_shape
-from autohet.runtime._inputs import ReadAhead, as_batch, join
+from autohet.runtime._inputs import Batch, ReadAhead, as_batch, join
 
 if TYPE_CHECKING:
     from autohet.pool import Pool, PoolSpec
@@ -70,6 +71,7 @@ class Runner:
         self._run_lock = threading.Lock()
         self._reported = 0
         self._closed = False
+        self._stream_lock = threading.Lock()
 
     # --- calls ---------------------------------------------------------------------------------------
 
@@ -84,8 +86,14 @@ class Runner:
         reader = ReadAhead(batches, self.input_shape, self.model.name, 2 * self.window)
         try:
             while True:
+                if self.checked and self._stream_lock.acquire(blocking=False):
+                    try:  # one staged stream at a time (a GPU stages by turns into its two buffers)
+                        yield from self._staged(reader)
+                    finally:
+                        self._stream_lock.release()
+                    return
                 taken, error, ended = reader.take(self.window)
-                if taken:
+                if taken:  # the first window (checked on its own call), or a second stream's windows
                     for b, out in zip(taken, self._run([b.images for b in taken]), strict=True):
                         yield b.give_back(out)
                 if error is not None:
@@ -94,6 +102,38 @@ class Runner:
                     return
         finally:
             reader.stop()
+
+    def _staged(self, reader: ReadAhead) -> Iterator[Any]:
+        """A stream through ``Served.stream``: each window made ready while the one before it runs (a
+        GPU stages it into pinned memory straight from the batches, nothing joined), calls from other
+        threads run between windows. Used once the first call has been checked."""
+        windows: deque[list[Batch]] = deque()
+        failed: list[BaseException] = []
+
+        def source() -> Iterator[list[np.ndarray]]:
+            while True:
+                taken, error, ended = reader.take(self.window)
+                if taken:
+                    windows.append(taken)
+                    yield [b.images for b in taken]
+                if error is not None:
+                    failed.append(error)
+                if error is not None or ended:
+                    return
+
+        outputs = self.served.stream(source(), self._run_lock)
+        try:
+            for out in outputs:
+                self._report_deaths()
+                start = 0
+                for b in windows.popleft():
+                    yield b.give_back(out[start : start + len(b.images)])
+                    start += len(b.images)
+            if failed:
+                raise failed[0]
+        finally:
+            reader.stop()  # first: a staging thread waiting for the next window returns
+            outputs.close()
 
     def _run(self, parts: list[np.ndarray]) -> list[np.ndarray]:
         """Each part's outputs: the parts run as one call, with any requests that arrived while

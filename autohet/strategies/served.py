@@ -10,6 +10,8 @@ several threads safe: a Served runs one call at a time.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +39,15 @@ class Served(ABC):
 
     @abstractmethod
     def __call__(self, images: np.ndarray) -> np.ndarray: ...
+
+    def stream(self, windows: Iterable[list[np.ndarray]], lock: Any = None) -> Iterator[np.ndarray]:
+        """Outputs of each window (a call's images as parts), in order: one call per window, under
+        ``lock`` (the runner's: calls from other threads run between windows). Configurations that can
+        make the next window ready while one runs override this."""
+        for parts in windows:
+            images = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            with lock or nullcontext():
+                yield self(images)
 
     def describe(self) -> dict[str, Any]:
         """What runs where (devices, the plan): for logs and the CLI's summary."""
