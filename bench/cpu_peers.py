@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
-        args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 1.0, 60.0, True, False
+        args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 0.5, 45.0, True, False
     from autohet.executors.compiled import native_cpu_bf16, use_compile_cache
 
     cores = parse_cores(args.cores)

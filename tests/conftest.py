@@ -11,6 +11,35 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 __all__ = ["sim_pool_spec"]
 
 
+def pytest_collection_modifyitems(config, items):
+    """The test tiers: a test that uses the Ray fixture is a ``ray`` test (marked here, so it never
+    runs in the Ray-free tier by omission); ``gpu`` tests skip without a CUDA GPU."""
+    import torch
+
+    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "ray_local" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.ray)
+        if no_gpu is not None and item.get_closest_marker("gpu") is not None:
+            item.add_marker(no_gpu)
+
+
+@pytest.fixture(autouse=True)
+def _ray_only_in_ray_tests(request, monkeypatch):
+    """A test not marked ``ray`` that starts Ray in this process fails, naming the marker: the
+    Ray-free tier (``-m "not ray"``) must stay free of it."""
+    if request.node.get_closest_marker("ray") is not None:
+        yield
+        return
+    import ray
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts Ray: mark it @pytest.mark.ray")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _restore_pinning():
     """Tests that load a CPU executor on the main thread pin it (an executor pins the thread that runs
@@ -24,6 +53,9 @@ def _restore_pinning():
         os.sched_setaffinity(0, cores)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+    from autohet.executors import cpu
+
+    vars(cpu._PINNED).clear()  # the thread's record of its pinning: the next executor on it pins again
 
 
 @pytest.fixture(scope="module")

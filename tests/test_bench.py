@@ -12,7 +12,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed", "runtime_load"])
+RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subprocess and take 30-180 s
+
+
+@pytest.mark.parametrize("bench", [pytest.param("actor_path", marks=RAY_SLOW),
+                                   pytest.param("data_parallel", marks=RAY_SLOW),
+                                   pytest.param("tune_speed", marks=RAY_SLOW),
+                                   pytest.param("cpu_peers", marks=RAY_SLOW), "runtime_load"])
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -27,3 +33,10 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert rows[0]["tuned_over_grid"] > 0 and rows[0]["grid_runs"] == 2
     if bench == "runtime_load":
         assert rows[0]["load_ips"] > 0 and rows[0]["run_ips"] > 0 and rows[0]["files"] == 40
+    if bench == "cpu_peers":  # every peer measured (bf16 ones skipped with why on a CPU without it), then autohet
+        row = rows[0]
+        assert row["eager_fp32_nchw_ips"] > 0 and row["onnxruntime_fp32_ips"] > 0
+        assert row["openvino_f32_throughput_ips"] > 0 and row["openvino_f32_latency_ips"] > 0
+        assert row["best_peer_ips"] == max(v for k, v in row.items() if k.endswith("_ips") and k != "autohet_ips"
+                                           and k != "best_peer_ips")
+        assert row["autohet_ips"] > 0 and row["autohet_over_best_peer"] == row["autohet_ips"] / row["best_peer_ips"]

@@ -240,6 +240,7 @@ def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):
     assert "efficiency" not in metrics and "limit_ips" not in metrics and metrics["latency_p50_ms"] > 0
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_cpu_inductor_executor_matches_the_reference_and_compiles_once(lenet_workload, channels_last):
     """torch.compile on the CPU (lenet: the compile fits CI), partial batches padded to the compiled

@@ -81,6 +81,7 @@ def test_vgg16_gives_five_conv_blocks_and_the_classifier() -> None:
     assert 30.9e9 < sum(b.flops for b in graph.blocks) < 31.0e9
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_branch_mode_gives_a_dag_that_reproduces_googlenet() -> None:
     diff, graph = _max_diff("googlenet", batch=1, branches=True)
     assert diff < 1e-4

@@ -200,6 +200,7 @@ def run_pipeline(params: dict, images: int = 384, model: str = "lenet"):
         pool.shutdown()
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_the_planned_pipeline_reports_its_stages_bound_and_baselines():
     m = run_pipeline({})
     assert m.output_ok, m.failures
@@ -227,6 +228,7 @@ def test_the_planned_pipeline_reports_its_stages_bound_and_baselines():
     assert max(u.end_s for u in m.timeline) <= m.wall_s
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_a_given_cut_runs_as_given_and_is_exported():
     m = run_pipeline({"start": "given", "cuts": [2], "stages": [1, 0], "batch": 32, "depth": 2})
     assert m.output_ok, m.failures

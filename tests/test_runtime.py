@@ -97,6 +97,7 @@ def test_each_family_returns_the_reference_for_a_call_a_stream_and_two_threads(t
         assert runner.deaths == []
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 @pytest.mark.parametrize("family", ["placement", "pipeline", "split", "coedge", "channels"])
 def test_a_greedy_config_is_planned_once_at_load_and_its_export_runs_the_planned_vectors(tmp_path, family):
     """The run's plan (``plan_params``, what the tuner exports under ``plan``) loads as given and

@@ -238,6 +238,7 @@ def test_coedge_runs_checked_with_a_per_layer_table(mode):
     assert m.extra["shares_from"] == "measured speeds" and abs(sum(m.extra["ratios"]) - 1) < 1e-3
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_given_ratios_are_used_as_given_and_checked():
     m = run("split", "latency", {"start": "given", "ratios": [0.25], "runs": 1})
     assert m.output_ok and m.extra["ratios"] == [0.25] and "search" not in m.extra["chain_table"][0]
@@ -251,6 +252,7 @@ def test_given_ratios_are_used_as_given_and_checked():
     assert m.output_ok and m.extra["ratios"] == [0.8, 0.2] and m.extra["shares_from"] == "given"
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 @pytest.mark.parametrize("name", ["split", "coedge"])
 def test_a_user_model_with_a_non_square_input(name):
     model = "tests.split_user_model:tiny"
@@ -294,6 +296,7 @@ def test_temperature_from_sysfs_and_a_violation(tmp_path, monkeypatch):
     assert "cpu reached 99.0 °C, above max_temp 80" in m.extra["violation"]
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_bench_smoke_runs_and_writes_json(tmp_path):
     import json
     import subprocess

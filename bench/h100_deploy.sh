@@ -1,0 +1,71 @@
+#!/bin/sh
+# The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve
+# runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
+# call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
+# (torch.compile, CUDA graph), then that tune's config through autohet.load and 5000 JPEGs through
+# `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
+# over HTTP, and a replica killed mid-load. Wheels (ray[tune,serve], optuna, mlflow) under
+# /root/site for tune_runtime and serve. Logs and JSON go to $OUT (packed into one tarball).
+export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}; W=$OUT/$1; mkdir -p "$W"
+t() { s=$(date +%s); "$@"; rc=$?; echo "wall $(( $(date +%s) - s )) s (exit $rc)"; }
+log() { echo "== $*"; }
+stop_ray() { python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true; }
+configs() {  # resnet18 configs written by hand (their runs are measured in the same call)
+  python3 - "$W" <<'EOF'
+import sys
+from pathlib import Path
+from autohet.config import RunConfig, write_config
+from autohet.executors import ExecutorSpec
+from autohet.models import ModelSpec
+from autohet.pool import PoolSpec
+out = Path(sys.argv[1])
+gpu = dict(name="gpu0", kind="gpu", cores=(0,), gpu=0, batch=256, precision="fp16", channels_last=True)
+single = PoolSpec("gpu", [ExecutorSpec(**{**gpu, "backend": "cudagraphs"})])
+write_config(RunConfig(ModelSpec("resnet18"), single, "single", {"executor": 0}, images=20000), out / "single.yaml")
+mixed = PoolSpec("mixed", [ExecutorSpec(**{**gpu, "backend": "cudagraphs"}),
+                           ExecutorSpec("cpu0", "cpu", tuple(range(1, 16)), batch=16, backend="onnxruntime")])
+write_config(RunConfig(ModelSpec("resnet18"), mixed, "fast_split",
+                       {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1}, images=20000), out / "mixed.yaml")
+latency = PoolSpec("gpu", [ExecutorSpec(**{**gpu, "batch": 1, "backend": "inductor"})])
+write_config(RunConfig(ModelSpec("resnet18"), latency, "single", {"executor": 0}, images=50, objective="latency"),
+             out / "latency.yaml")
+EOF
+}
+case "$1" in
+  runtime)
+    configs
+    for c in single mixed; do
+      log "autohet.load stream vs the measured run: $c"
+      t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config "$W/$c.yaml" --images 20000 \
+        --out "$W/runtime_$c.json" > "$W/runtime_$c.log" 2>&1; tail -3 "$W/runtime_$c.log"
+    done ;;
+  tune_runtime)
+    stop_ray
+    work=/tmp/deploy; mkdir -p $work
+    log "peers of resnet18 (eager, torch.compile, CUDA graph) and a default autohet tune (--time-budget ${TUNE_BUDGET:-120})"
+    t timeout -k 10 ${PEERS_TIMEOUT:-330} python3 -m bench.peers --models resnet18 --max-mode "" --no-b1-compile \
+      --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
+    tail -6 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null
+    best=$work/runs/peers-resnet18/best.yaml; cp $best "$W/tuned.yaml" 2>/dev/null; stop_ray
+    log "the tuned config through autohet.load, and ${JPEGS:-5000} JPEGs through run --input"
+    t timeout -k 10 ${RT_TIMEOUT:-200} python3 -m bench.runtime_load --config $best --images 20000 \
+      --jpegs ${JPEGS:-5000} --out "$W/runtime_tuned.json" > "$W/runtime_tuned.log" 2>&1
+    tail -4 "$W/runtime_tuned.log" ;;
+  serve)
+    stop_ray
+    configs
+    best=/tmp/deploy/runs/peers-resnet18/best.yaml; [ -f $best ] || best=$W/single.yaml
+    log "serve the tuned config at saturation (${SERVE_SECONDS:-30} s), then kill a replica mid-load"
+    t timeout -k 10 ${SERVE_TIMEOUT:-200} python3 -m bench.serve_load --config $best --seconds ${SERVE_SECONDS:-30} \
+      ${SERVE_ARGS:-} --out "$W/serve_throughput.json" > "$W/serve_throughput.log" 2>&1
+    tail -8 "$W/serve_throughput.log"; stop_ray
+    log "serve the batch-1 latency config (inductor, captured)"
+    t timeout -k 10 ${SERVE_TIMEOUT:-200} python3 -m bench.serve_load --config "$W/latency.yaml" \
+      --seconds ${SERVE_SECONDS:-30} ${SERVE_LAT_ARGS:-} --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
+    tail -8 "$W/serve_latency.log"; stop_ray ;;
+  *) echo "unknown section '$1': runtime, tune_runtime or serve"; exit 2 ;;
+esac
+tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"
