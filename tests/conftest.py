@@ -28,10 +28,13 @@ def pytest_collection_modifyitems(config, items):
 def _ray_only_in_ray_tests(request, monkeypatch):
     """A test not marked ``ray`` that starts Ray in this process fails, naming the marker: the
     Ray-free tier (``-m "not ray"``) must stay free of it."""
-    if request.node.get_closest_marker("ray") is not None:
+    try:
+        import ray
+    except ImportError:  # a machine without Ray (the GPU box before its wheels): nothing can start it
+        ray = None
+    if ray is None or request.node.get_closest_marker("ray") is not None:
         yield
         return
-    import ray
 
     def refuse(*args, **kwargs):
         raise AssertionError(f"{request.node.nodeid} starts Ray: mark it @pytest.mark.ray")
