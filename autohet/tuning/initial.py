@@ -113,7 +113,10 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     dims = space.executors.get("cpu", {})
     points = []
     seen = {tuple(base.get(f"exec.cpu.{k}") for k in CpuVariant._fields)}
+    beside_gpu = any(e.uses_gpu for e in pool.executors)
     for variant in CPU_VARIANTS:
+        if beside_gpu and variant.backend == "inductor":
+            continue  # minutes of compiling for a group that adds under 1% next to a GPU (BENCHMARKS 2a)
         point = dict(base)
         for name, value in variant.settings().items():
             dim = dims.get(name)
