@@ -140,8 +140,10 @@ def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool
     return out
 
 
-def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | None) -> dict[str, Any]:
-    """A fresh tune, its exported config rerun; the tune's breakdown line kept."""
+def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | None, peer_ips: float
+                 ) -> dict[str, Any]:
+    """A fresh tune, its exported config rerun over as many images as the best peer runs in ``--rerun-s``
+    (the tune's own trials may be a few seconds each); the tune's breakdown line kept."""
     exp = f"cpu-peers-{name}"
     cmd = ["tune", "--model", name, "--experiment", exp]
     if not args.readme:
@@ -157,8 +159,10 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
     if proc.returncode != 0 or not best.is_file():
         out["autohet_error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return out
-    rerun = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json"], cwd=work,
-                           capture_output=True, text=True, timeout=1800)
+    images = max(64, int(peer_ips * args.rerun_s))
+    rerun = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json", "--images",
+                            str(images)], cwd=work, capture_output=True, text=True, timeout=1800)
+    out["autohet_images"] = images
     if rerun.returncode == 0:
         m = json.loads(rerun.stdout.strip().splitlines()[-1])
         executors = m.get("extra", {}).get("pool", {}).get("executors", [])
@@ -190,6 +194,8 @@ def main() -> None:
     parser.add_argument("--time-budget", type=float, default=600.0, help="autohet tune budget (without --readme)")
     parser.add_argument("--pool", help="autohet's pool (default: one group of --cores; auto with --readme)")
     parser.add_argument("--no-inductor", action="store_true", help="skip the torch.compile peers (minutes on 2 cores)")
+    parser.add_argument("--rerun-s", type=float, default=20.0,
+                        help="the tuned config's rerun: as many images as the best peer runs in this many seconds")
     parser.add_argument("--no-tune", action="store_true", help="peers only")
     parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
     parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 60 s tune")
@@ -197,6 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 0.5, 45.0, True, False
+        args.rerun_s = 1.0
     from autohet.executors.compiled import native_cpu_bf16, use_compile_cache
 
     cores = parse_cores(args.cores)
@@ -223,7 +230,7 @@ def main() -> None:
         row["best_peer_ips"] = peers[row["best_peer"]]
         print(json.dumps(row), flush=True)
         if not args.no_tune:
-            row.update(autohet_tune(name, work, args, pool))
+            row.update(autohet_tune(name, work, args, pool, row["best_peer_ips"]))
             if "autohet_ips" in row:
                 row["autohet_over_best_peer"] = row["autohet_ips"] / row["best_peer_ips"]
         rows.append(row)
