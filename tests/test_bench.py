@@ -12,7 +12,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed", "runtime_load"])
+@pytest.mark.parametrize("bench", ["actor_path", "data_parallel", "tune_speed", "runtime_load",
+                                   pytest.param("serve_load", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -27,3 +28,7 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert rows[0]["tuned_over_grid"] > 0 and rows[0]["grid_runs"] == 2
     if bench == "runtime_load":
         assert rows[0]["load_ips"] > 0 and rows[0]["run_ips"] > 0 and rows[0]["files"] == 40
+    if bench == "serve_load":  # the service under load, one replica killed at 1 s: nothing lost, SIGTERM 143
+        row = rows[0]
+        assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"], row
+        assert (row["lost"], row["wrong"], row["exit_code"]) == (0, 0, 143), row

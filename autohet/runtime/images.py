@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -81,8 +82,9 @@ def preprocessing_for(shape: Sequence[int], given: Preprocess | None, where: str
     return Preprocessing((channels, height, width), resize, stats["mean"], stats["std"], given.interpolation)
 
 
-def decode(path: str | Path, prep: Preprocessing) -> np.ndarray:
-    """One image file as a model input (C, H, W) float32; BadImage when it cannot be read whole."""
+def decode(path: str | Path | BinaryIO, prep: Preprocessing, name: str | None = None) -> np.ndarray:
+    """One image file (or an open binary stream of one, ``name`` in errors) as a model input (C, H, W)
+    float32; BadImage when it cannot be read whole."""
     from PIL import Image, UnidentifiedImageError
 
     channels, height, width = prep.shape
@@ -92,7 +94,7 @@ def decode(path: str | Path, prep: Preprocessing) -> np.ndarray:
             image = image.convert("RGB" if channels == 3 else "L")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadImage(str(path), reason[:160]) from None
+        raise BadImage(name or str(path), reason[:160]) from None
     size = _resized(image.size, prep.resize, width, height)
     filters = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                "bicubic": Image.Resampling.BICUBIC}
