@@ -202,8 +202,10 @@ def test_bad_options_and_a_port_in_use_are_one_line():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(UserError, match=f"127.0.0.1:{port} cannot be listened on"):
+        with pytest.raises(UserError, match=f"127.0.0.1:{port} is in use by another server"):
             check_port_free("127.0.0.1", port, "--port")
+    with pytest.raises(UserError, match="an address of this machine"):
+        check_port_free("203.0.113.7", 8000, "--port")  # TEST-NET-3: no machine's own address
 
 
 # --- the command, over real HTTP ----------------------------------------------------------------------
@@ -332,7 +334,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
         second = subprocess.run(serve_command(config, port), cwd=tmp_path, env=env(), capture_output=True, text=True,
                                 timeout=120)
         assert second.returncode == 2 and second.stderr.count("\n") == 1
-        assert f"127.0.0.1:{port} cannot be listened on" in second.stderr
+        assert f"127.0.0.1:{port} is in use by another server" in second.stderr
 
         started = time.perf_counter()
         proc.send_signal(signal.SIGTERM)

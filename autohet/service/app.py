@@ -73,7 +73,9 @@ class Replica:
             return await self._batched(images)
         return await asyncio.to_thread(self.runner, images)
 
-    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, batch_size_fn=_images_in)
+    # two batches at once: the next one is gathered and handed over while the runner runs this one (the
+    # runner runs its calls one at a time), so the devices do not wait for Serve between batches
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=2, batch_size_fn=_images_in)
     async def _batched(self, parts: list[np.ndarray]) -> list[np.ndarray]:
         images = parts[0] if len(parts) == 1 else np.concatenate(parts)
         outputs = await asyncio.to_thread(self.runner, images)
@@ -320,7 +322,7 @@ def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSett
             name=spec.name, num_replicas=1, ray_actor_options=options,
             # admission is the ingress's: this only has to hold a batch being gathered beside one running
             max_ongoing_requests=max(64, 4 * settings.max_queue), max_constructor_retry_count=1,
-            health_check_period_s=2.0, health_check_timeout_s=30.0, graceful_shutdown_timeout_s=5.0,
+            health_check_timeout_s=30.0, graceful_shutdown_timeout_s=5.0,
         ).bind(spec, config, batch_wait_s, 1.0)
     limit = settings.max_queue + 64  # the ingress sees every request and refuses past max_queue itself
     ingress = serve.deployment(Ingress).options(

@@ -9,6 +9,7 @@ Ray it started). Serve's own shutdown does not drain (it drops requests in fligh
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import time
@@ -73,8 +74,10 @@ def check_port_free(host: str, port: int, flag: str) -> None:
         try:
             probe.bind(where)
         except OSError as exc:
-            raise UserError(f"{host}:{port} cannot be listened on ({exc.strerror}): another server uses it; "
-                            f"stop it or pass another {flag}") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"{host}:{port} is in use by another server; stop it or pass another {flag}") from None
+            raise UserError(f"{host}:{port} cannot be listened on ({exc.strerror}); pass an address of this "
+                            "machine (--host) and a free port") from None
 
 
 class Service:
@@ -165,6 +168,8 @@ class Service:
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
             return
+        # the driver's handles log their calls cut off by the shutdown (after it, from Ray's threads)
+        logging.getLogger("ray.serve").setLevel(logging.CRITICAL)
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
             local = self._owns_ray and not self.options.address
             if self._serve_started and not local:  # a local Ray's shutdown ends every Serve actor with it
@@ -185,7 +190,8 @@ class Service:
         parts = []
         for r in self.replicas:
             served = r["served"]
-            devices = ", ".join(served.get("executors") or served.get("devices") or []) or "its devices"
+            names = served.get("executors") or served.get("devices") or [served.get("device") or "its devices"]
+            devices = ", ".join(map(str, names))
             speed = (f", {r['speed_ips']:.0f} img/s ({'exported' if r['speed_from'] == 'config' else 'warm-up'})"
                      if r["speed_ips"] else "")
             batching = f"batches up to {r['batch']}" if r["batching"] else "batch-1 path"
