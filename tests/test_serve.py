@@ -358,3 +358,57 @@ def test_a_config_that_cannot_load_is_one_line_and_exit_2(tmp_path):
     unknown = subprocess.run(serve_command(broken, free_port()), cwd=tmp_path, env=env(), capture_output=True,
                              text=True, timeout=120)
     assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1 and "vgg17" in unknown.stderr
+
+
+class FakeReplica:
+    """A replica's handle for the ingress, without Ray: answers ``images.sum`` per image, refuses a
+    chunk over its batch (as ``@serve.batch`` does) and dies under its first ``dies`` calls."""
+
+    def __init__(self, name: str, batch: int, speed: float, dies: int = 0) -> None:
+        self.name, self.batch, self.speed, self.dies, self.calls = name, batch, speed, dies, []
+
+        class Method:
+            def __init__(self, fn) -> None:
+                self.remote = fn
+
+        self.infer, self.info = Method(self._infer), Method(self._info)
+
+    async def _infer(self, images: np.ndarray) -> np.ndarray:
+        from ray.exceptions import ActorDiedError
+
+        self.calls.append(len(images))
+        assert len(images) <= self.batch, "Size of item is greater than max_batch_size"
+        if self.dies:
+            self.dies -= 1
+            raise ActorDiedError()
+        return images.reshape(len(images), -1).sum(axis=1, keepdims=True)
+
+    async def _info(self) -> dict:
+        return {"name": self.name, "speed_ips": self.speed, "batch": self.batch, "classes": 1}
+
+
+def test_a_chunk_whose_replica_dies_is_cut_again_for_the_others_and_nothing_is_lost():
+    """The GPU's replica dies under a chunk of its batch: the chunk goes to the CPU group's replica in
+    pieces of that one's batch, every output comes back in order, and the GPU is skipped until its
+    successor answers."""
+    import asyncio
+
+    from autohet.service.app import Ingress, IngressSettings
+
+    gpu, cpu = FakeReplica("exec-gpu", 8, 1000.0, dies=1), FakeReplica("exec-cpu", 2, 10.0)
+    settings = IngressSettings("lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20, frozenset())
+    ingress = Ingress(settings, **{"exec-gpu": gpu, "exec-cpu": cpu})
+    x = np.random.default_rng(0).standard_normal((8, *LENET), dtype=np.float32)
+
+    async def run() -> np.ndarray:
+        out = await ingress._run(x)
+        await asyncio.gather(*ingress.watchers)
+        return out
+
+    out = asyncio.run(run())
+    assert np.allclose(out[:, 0], x.reshape(8, -1).sum(axis=1))
+    assert gpu.calls == [8] and cpu.calls == [2, 2, 2, 2] and ingress.down == set()
+    assert ingress.routed == [0, 8] and ingress.pending == [0, 0]
+    alone = Ingress(settings, only=FakeReplica("only", 4, 1.0, dies=2))
+    assert asyncio.run(alone._run(x)).shape == (8, 1)  # with no other, its successor gets the chunks
+    assert alone.handles[0].calls == [4, 4, 4, 4]

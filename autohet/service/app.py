@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -36,7 +37,7 @@ log = logging.getLogger("autohet.service")
 
 RETRY_AFTER_S = 1
 INFO_TIMEOUT_S = 5.0
-RETRIES = 6  # attempts at one chunk whose replicas die under it (a dead one is waited on longer each time)
+RETRIES = 6  # attempts at a chunk whose replicas die under it (a dead one is waited on longer each time)
 RETRY_DELAY_S = 1.0
 NOSET_CUDA = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}  # the pool's GPU index, as tuned
 # our code never blocks an event loop (runners run on threads): Serve's extra loop threads only add hops
@@ -239,37 +240,42 @@ class Ingress:
                     await self.replicas()
         if len(images) == 0:
             return np.zeros((0, self.classes), np.float32)
-        chunks = share(len(images), self.pending, self.speeds, self.batches, skip=self.down)
+        return await self._send(images, set(), 0)
+
+    async def _send(self, images: np.ndarray, skip: set[int], attempt: int) -> np.ndarray:
+        """The images' outputs, shared between the replicas (not ``skip`` nor one that is down, while
+        another is left) in chunks of at most each one's batch."""
+        chunks = share(len(images), self.pending, self.speeds, self.batches, skip=self.down | skip)
         starts = np.cumsum([0] + [n for _, n in chunks])
-        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]])
+        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt)
                                       for k, (i, _) in enumerate(chunks)))
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
-    async def _chunk(self, replica: int, images: np.ndarray) -> np.ndarray:
-        """One chunk's outputs; sent again to another replica when its replica dies, or, with none left,
-        to the replica Serve starts in its place (a call waits for it)."""
+    async def _chunk(self, replica: int, images: np.ndarray, attempt: int) -> np.ndarray:
+        """One chunk's outputs. When its replica dies under it, the chunk is shared again between the
+        others (re-cut to their batches) or, with none left, sent to the replica Serve starts in its
+        place (a call waits for it)."""
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 
-        failed: list[str] = []
-        for attempt in range(RETRIES):
-            if replica in self.down:
-                await asyncio.sleep(RETRY_DELAY_S * (attempt + 1) / RETRIES)
-            self.pending[replica] += len(images)
-            try:
-                out = await self.handles[replica].infer.remote(images)
-                self.routed[replica] += len(images)
-                self.images_metric.inc(len(images), tags={"target": self.names[replica]})
-                return out
-            except (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
-                failed.append(f"{self.names[replica]}: {type(exc).__name__}")
-                log.warning("autohet serve: replica %s failed a chunk (%s); sending it again", self.names[replica],
-                            type(exc).__name__)
-                self._mark_down(replica)
-            finally:
-                self.pending[replica] -= len(images)
-            replica = share(len(images), self.pending, self.speeds, self.batches, skip=self.down | {replica})[0][0]
-        raise NoReplica(f"no replica answered ({'; '.join(failed[-3:])}); retry")
+        if replica in self.down:
+            await asyncio.sleep(RETRY_DELAY_S * attempt / RETRIES)
+        self.pending[replica] += len(images)
+        try:
+            out = await self.handles[replica].infer.remote(images)
+            self.routed[replica] += len(images)
+            self.images_metric.inc(len(images), tags={"target": self.names[replica]})
+            return out
+        except (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
+            failure = f"{self.names[replica]}: {type(exc).__name__}"
+            log.warning("autohet serve: replica %s failed a chunk (%s); sending it again", self.names[replica],
+                        type(exc).__name__)
+            self._mark_down(replica)
+        finally:
+            self.pending[replica] -= len(images)
+        if attempt + 1 >= RETRIES:
+            raise NoReplica(f"no replica answered after {RETRIES} attempts (last: {failure}); retry")
+        return await self._send(images, {replica}, attempt + 1)
 
     def _mark_down(self, replica: int) -> None:
         """No new chunks for ``replica`` (unless no other is left) until its successor answers."""
@@ -278,11 +284,10 @@ class Ingress:
         self.down.add(replica)
 
         async def back() -> None:
-            try:
+            with contextlib.suppress(Exception):  # died again: its next failed chunk marks it down again
                 info = await self.handles[replica].info.remote()  # waits for the replica Serve starts
                 self.speeds[replica] = float(info["speed_ips"] or 1.0)
-            finally:
-                self.down.discard(replica)
+            self.down.discard(replica)
 
         self.watchers.add(task := asyncio.get_running_loop().create_task(back()))
         task.add_done_callback(self.watchers.discard)
