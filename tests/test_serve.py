@@ -348,6 +348,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
             proc.wait()
 
 
+@pytest.mark.slow
 def test_a_config_that_cannot_load_is_one_line_and_exit_2(tmp_path):
     missing = subprocess.run(serve_command(tmp_path / "none.yaml", free_port()), cwd=tmp_path, env=env(),
                              capture_output=True, text=True, timeout=120)
