@@ -12,7 +12,7 @@ from autohet.errors import Interrupted, UserError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ["profile", "run", "tune", "export", "compare", "ui", "graph", "compile"]
+_COMMANDS = ["profile", "run", "tune", "export", "compare", "ui", "graph", "compile", "serve"]
 
 
 class _Parser(argparse.ArgumentParser):

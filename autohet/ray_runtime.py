@@ -59,8 +59,9 @@ def dump_stacks_later() -> None:
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: int | None = None,
-             resources: dict[str, float] | None = None) -> None:
-    """Starts a local Ray (all cores, detected GPUs) or joins ``address``; no-op when already up."""
+             resources: dict[str, float] | None = None, metrics_port: int | None = None) -> None:
+    """Starts a local Ray (all cores, detected GPUs) or joins ``address``; no-op when already up.
+    ``metrics_port``: where a local Ray's metrics agent serves Prometheus text (default: Ray's choice)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -90,5 +91,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
         # address="local": always a new instance. Without it ray.init joins any Ray it finds running on the
         # machine (another user's, or a dying one), then fails on our num_cpus or waits 60 s for a dead GCS
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), num_gpus=num_gpus, resources=resources,
-                 _temp_dir=temp_dir, object_store_memory=OBJECT_STORE_BYTES, **common)
+                 _temp_dir=temp_dir, object_store_memory=OBJECT_STORE_BYTES, _metrics_export_port=metrics_port,
+                 **common)
     handle_signals()

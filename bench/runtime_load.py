@@ -49,26 +49,33 @@ def measured_run(config: Any, images: int) -> float:
 
 
 def streamed(path: str, images: int, batch: int | None) -> tuple[float, dict[str, Any]]:
-    """img/s of ``images`` synthetic images through ``autohet.load``'s ``map`` (after one warm-up pass
-    of a tenth of them), in batches of ``batch``: views of the synthetic bank (at most 512 MB of
-    distinct images, reused), so producing them costs nothing."""
+    """img/s of ``images`` synthetic images through ``autohet.load``'s ``map`` (``stream_ips``), in
+    batches of ``batch`` (default: the executors' largest batch)."""
     import autohet
-    from autohet.workload import workload_for
 
     with autohet.load(path) as runner:
         size = batch or max(e.batch for e in runner.config.pool.executors)
-        bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
-        starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
+        return stream_ips(runner, images, size), {"batch": size, "window": runner.window,
+                                                  "served": runner.describe()["served"]}
 
-        def batches(n: int) -> Any:
-            return (bank[starts[k % len(starts)]:][: min(size, n - s)] for k, s in enumerate(range(0, n, size)))
 
-        for _ in runner.map(batches(max(size, images // 10))):
-            pass
-        start = time.perf_counter()
-        done = sum(len(out) for out in runner.map(batches(images)))
-        wall = time.perf_counter() - start
-        return done / wall, {"batch": size, "window": runner.window, "served": runner.describe()["served"]}
+def stream_ips(runner: Any, images: int, size: int) -> float:
+    """img/s of ``images`` synthetic images through a loaded runner's ``map`` (after one warm-up pass of
+    a tenth of them), in batches of ``size``: views of the synthetic bank (at most 512 MB of distinct
+    images, reused), so producing them costs nothing."""
+    from autohet.workload import workload_for
+
+    bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
+    starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
+
+    def batches(n: int) -> Any:
+        return (bank[starts[k % len(starts)]:][: min(size, n - s)] for k, s in enumerate(range(0, n, size)))
+
+    for _ in runner.map(batches(max(size, images // 10))):
+        pass
+    start = time.perf_counter()
+    done = sum(len(out) for out in runner.map(batches(images)))
+    return done / (time.perf_counter() - start)
 
 
 def _write_jpeg(args: tuple[Path, int, int]) -> None:

@@ -18,7 +18,8 @@ RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subpro
 @pytest.mark.parametrize("bench", [pytest.param("actor_path", marks=RAY_SLOW),
                                    pytest.param("data_parallel", marks=RAY_SLOW),
                                    pytest.param("tune_speed", marks=RAY_SLOW),
-                                   pytest.param("cpu_peers", marks=RAY_SLOW), "runtime_load"])
+                                   pytest.param("cpu_peers", marks=RAY_SLOW),
+                                   pytest.param("serve_load", marks=RAY_SLOW), "runtime_load"])
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -40,3 +41,7 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert row["best_peer_ips"] == max(v for k, v in row.items() if k.endswith("_ips") and k != "autohet_ips"
                                            and k != "best_peer_ips")
         assert row["autohet_ips"] > 0 and row["autohet_over_best_peer"] == row["autohet_ips"] / row["best_peer_ips"]
+    if bench == "serve_load":  # the service under load, one replica killed at 1 s: nothing lost, SIGTERM 143
+        row = rows[0]
+        assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"], row
+        assert (row["lost"], row["wrong"], row["exit_code"]) == (0, 0, 143), row

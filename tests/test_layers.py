@@ -1,4 +1,4 @@
-"""The import layers of the package: cli -> tuning -> tracking -> runtime -> running -> strategies -> context
+"""The import layers of the package: cli -> tuning -> tracking -> service -> runtime -> running -> strategies -> context
 -> engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
 within its layer, never up, and no set of modules may import each other in a circle. Every import
 counts: module level, inside functions (lazy) and under TYPE_CHECKING."""
@@ -22,6 +22,7 @@ LAYERS = [
     ["autohet.strategies"],
     ["autohet.running", "autohet.config"],
     ["autohet.runtime"],
+    ["autohet.service"],
     ["autohet.tracking"],
     ["autohet.tuning"],
     ["autohet.commands", "autohet.cli", "autohet.testing"],

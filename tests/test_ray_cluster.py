@@ -62,3 +62,61 @@ def test_cli_auto_pool_spans_the_cluster(cluster, capsys):
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["output_ok"]
     assert sorted(e["name"] for e in out["executors"]) == ["n0-cpu0", "n1-cpu0"]
+
+
+def test_serve_puts_a_replica_on_the_second_node_and_refuses_a_replica_that_cannot_load(cluster, tmp_path):
+    """``autohet serve --address``: a data-parallel config whose executors name both nodes serves
+    over HTTP with one replica on each; a config whose replica fails to load is one line."""
+    import io
+    import urllib.request
+
+    import numpy as np
+    import ray
+
+    from autohet.config import RunConfig, write_config
+    from autohet.context import TOLERANCE
+    from autohet.errors import UserError
+    from autohet.models import build_model
+    from autohet.service import Service, ServiceOptions
+    from tests.test_serve import free_port
+
+    head = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and "node:__internal_head__" in n["Resources"])
+    worker = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != head)
+
+    def service(strategy: str, params: dict, executors: list[ExecutorSpec], objective: str) -> Service:
+        config = RunConfig(ModelSpec("lenet"), PoolSpec("two", executors), strategy, params, images=64,
+                           objective=objective)
+        path = write_config(config, tmp_path / f"{strategy}.yaml")
+        return Service(ServiceOptions(str(path), port=free_port(), address=cluster.address))
+
+    broken = service("placement", {"start": "given", "assignment": [0, 0, 5], "x": 0},
+                     [ExecutorSpec("a", "cpu", (0,), batch=16, node=head)], "latency")
+    try:
+        with pytest.raises(UserError, match="assignment has device index 5") as info:
+            broken.start()
+        assert len(str(info.value).splitlines()) == 1
+    finally:
+        broken.close()
+    served = service("fifo", {"c": 16}, [ExecutorSpec("a", "cpu", (0,), batch=16, node=head),
+                                          ExecutorSpec("b", "cpu", (1,), batch=16, node=worker)], "throughput")
+    try:
+        served.start()
+        assert {r["name"]: r["node"] for r in served.replicas} == {"exec-a": head, "exec-b": worker}
+        x = np.random.default_rng(5).standard_normal((40, 1, 28, 28), dtype=np.float32)
+        body = io.BytesIO()
+        np.save(body, x)
+        request = urllib.request.Request(served.url + "/v1/predict", data=body.getvalue(), headers={
+            "Content-Type": "application/x-npy", "Accept": "application/x-npy"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            out = np.load(io.BytesIO(response.read()))
+        import torch
+
+        with torch.inference_mode():
+            ref = build_model(ModelSpec("lenet"))(torch.from_numpy(x)).numpy()
+        assert float(np.abs(out - ref).max()) <= TOLERANCE["fp32"] * float(np.abs(ref).max())
+        with urllib.request.urlopen(served.url + "/healthz", timeout=60) as response:
+            routed = {r["name"]: r["images_routed"] for r in json.loads(response.read())["replicas"]}
+        assert sum(routed.values()) == 40 and routed["exec-b"] > 0  # 40 images in chunks of 16: both nodes
+        assert served.drain()[1] == 0
+    finally:
+        served.close()

@@ -17,7 +17,7 @@ from autohet.pool.spec import PoolSpec
 from autohet.workload import Workload
 
 __all__ = ["ExecutorActor", "ExecutorGroupActor", "MemberHandle", "RayDispatcher", "actor_options", "group_options",
-           "kill_actor", "user_errors"]
+           "kill_actor", "ray_node_id", "user_errors"]
 
 
 @contextlib.contextmanager
@@ -161,7 +161,9 @@ def group_options(specs: list[ExecutorSpec], name: str | None, reserve_cpus: boo
     return opts
 
 
-def _node_id(node: str) -> str:
+def ray_node_id(node: str) -> str:
+    """The Ray node ID of a pool file's ``node:`` (an index into the alive nodes sorted by ID, a node ID,
+    an IP or a node name); one line when the cluster has no such node."""
     import ray
 
     alive = sorted((n for n in ray.nodes() if n["Alive"]), key=lambda n: n["NodeID"])
@@ -184,7 +186,7 @@ def actor_options(spec: ExecutorSpec, name: str | None = None, reserve_cpus: boo
     if spec.node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(_node_id(spec.node), soft=False)
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node_id(spec.node), soft=False)
     if name:
         opts["name"] = name
     return opts

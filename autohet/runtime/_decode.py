@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -43,14 +44,15 @@ class Preprocessing:
                 "interpolation": self.interpolation}
 
 
-def decode(path: str | Path, prep: Preprocessing) -> np.ndarray:
-    """One image file as a model input (C, H, W) float32; BadImage when it cannot be read whole."""
-    return normalise(decode_pixels(path, prep)[None], prep)[0]
+def decode(path: str | Path | BinaryIO, prep: Preprocessing, name: str | None = None) -> np.ndarray:
+    """One image file (or an open binary stream of one, ``name`` in errors) as a model input (C, H, W)
+    float32; BadImage when it cannot be read whole."""
+    return normalise(decode_pixels(path, prep, name)[None], prep)[0]
 
 
-def decode_pixels(path: str | Path, prep: Preprocessing) -> np.ndarray:
-    """One image file resized and centre-cropped, as (C, H, W) uint8 (a quarter of the float32's bytes
-    to hand from a decoding process); BadImage when it cannot be read whole."""
+def decode_pixels(path: str | Path | BinaryIO, prep: Preprocessing, name: str | None = None) -> np.ndarray:
+    """One image file (or stream) resized and centre-cropped, as (C, H, W) uint8 (a quarter of the
+    float32's bytes to hand from a decoding process); BadImage when it cannot be read whole."""
     from PIL import Image, UnidentifiedImageError
 
     channels, height, width = prep.shape
@@ -60,7 +62,7 @@ def decode_pixels(path: str | Path, prep: Preprocessing) -> np.ndarray:
             image = image.convert("RGB" if channels == 3 else "L")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BadImage(str(path), reason[:160]) from None
+        raise BadImage(name or str(path), reason[:160]) from None
     size = _resized(image.size, prep.resize, width, height)
     filters = {"nearest": Image.Resampling.NEAREST, "bilinear": Image.Resampling.BILINEAR,
                "bicubic": Image.Resampling.BICUBIC}

@@ -22,7 +22,7 @@ import numpy as np
 
 from autohet.errors import UserError
 
-__all__ = ["OUTPUT_SUFFIXES", "run_batch"]
+__all__ = ["OUTPUT_SUFFIXES", "run_batch", "top_classes"]
 
 OUTPUT_SUFFIXES = (".npy", ".jsonl")
 TOP = 5
@@ -43,14 +43,9 @@ class _Outputs:
         if self.jsonl is None:
             self.logits.append(logits)
             return
-        k = min(TOP, logits.shape[1])
-        shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
-        scores = np.exp(shifted)
-        scores /= scores.sum(axis=1, keepdims=True)
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+        top, scores = top_classes(logits)
         for row, where in enumerate(inputs):
-            line = {**where, "top5": [int(i) for i in top[row]],
-                    "scores": [round(float(scores[row, i]), 6) for i in top[row]]}
+            line = {**where, "top5": top[row], "scores": scores[row]}
             self.jsonl.write(json.dumps(line) + "\n")
 
     def commit(self, classes: int) -> None:
@@ -65,6 +60,18 @@ class _Outputs:
         if self.jsonl is not None:
             self.jsonl.close()
         self.tmp.unlink(missing_ok=True)
+
+
+def top_classes(logits: np.ndarray, k: int = TOP) -> tuple[list[list[int]], list[list[float]]]:
+    """Per row of ``logits`` (N, classes): the ``k`` largest classes' indices (ties by index) and their
+    softmax scores, rounded to 6 places."""
+    k = min(k, logits.shape[1])
+    shifted = logits.astype(np.float64) - logits.max(axis=1, keepdims=True)
+    scores = np.exp(shifted)
+    scores /= scores.sum(axis=1, keepdims=True)
+    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
+    return ([[int(i) for i in row] for row in top],
+            [[round(float(scores[r, i]), 6) for i in row] for r, row in enumerate(top)])
 
 
 def _check_paths(source: Path, out: Path) -> None:

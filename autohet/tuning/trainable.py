@@ -224,7 +224,10 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                      "efficiency": m.efficiency, "latency_ms": m.latency_ms,
                                      "output_ok": m.output_ok, "max_abs_diff": m.max_abs_diff,
-                                     "simulated": m.simulated, **(m.extra.get("energy") or {})})
+                                     "simulated": m.simulated, **(m.extra.get("energy") or {}),
+                                     # each executor alone: how `autohet serve` shares requests between replicas
+                                     "executor_ips": {e.name: e.standalone_ips for e in m.executors
+                                                      if e.standalone_ips > 0}})
     result = trial_metrics(m)
     result.update(status=status, strategy=strategy, params_json=json.dumps(m.params),
                   measurement=m.to_json(timeline=True),

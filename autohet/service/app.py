@@ -1,0 +1,339 @@
+"""The Ray Serve application of ``autohet serve``: an ingress and one deployment per replica.
+
+- ``Replica``: one runner (``autohet.load`` of what ``plan.replica_load`` says), loaded, checked
+  against the fp32 reference and warmed in its constructor (Serve routes to it only after that);
+  requests batched by image count up to the runner's batch (``@serve.batch``), or on the batch-1
+  path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
+  (``num_gpus``, the pool file's GPU index used as given) and node (a label selector).
+- ``Ingress``: HTTP in, answers out. Admission first (past ``max_queue`` requests in flight: 503
+  with Retry-After, the body never read), then the body (413 past its limit), decoding on the cores
+  the config leaves free (``runtime.images.Decoders``), images shared between replicas by speed
+  (``routing.share``). A chunk whose replica dies mid-request is sent again to another replica (or
+  to the one Serve starts in its place): an admitted request is answered or refused, never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from autohet.config import RunConfig
+from autohet.runtime.images import Preprocessing
+from autohet.service import requests as rq
+from autohet.service.plan import ReplicaSpec, replica_load
+from autohet.service.routing import share
+
+__all__ = ["IngressSettings", "build_app"]
+
+log = logging.getLogger("autohet.service")
+
+RETRY_AFTER_S = 1
+INFO_TIMEOUT_S = 5.0
+RETRIES = 6  # attempts at a chunk whose replicas die under it (a dead one is waited on longer each time)
+RETRY_DELAY_S = 1.0
+NOSET_CUDA = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}  # the pool's GPU index, as tuned
+# our code never blocks an event loop (runners run on threads): Serve's extra loop threads only add hops
+ONE_LOOP = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+
+
+def _images_in(parts: list[np.ndarray]) -> int:
+    return sum(len(p) for p in parts)
+
+
+class Replica:
+    """One runner behind the ingress; ``infer(images)`` -> outputs, ``info()`` -> what it is."""
+
+    def __init__(self, spec: ReplicaSpec, config: RunConfig, batch_wait_s: float, measure_s: float) -> None:
+        import autohet
+        from autohet.workload import workload_for
+
+        self.spec = spec
+        loaded, kwargs = replica_load(config, spec)
+        self.runner = autohet.load(loaded, **kwargs)
+        batch = max(1, self.runner.batch)
+        checked = max(batch, 8)
+        sample = np.ascontiguousarray(workload_for(config.model.name, checked, config.workload_seed).rows(0, checked))
+        self.runner(sample)  # the first call, checked against the fp32 reference: paid here, not by a request
+        self.speed_ips, self.speed_from = spec.speed_ips, "config"
+        if spec.measure:
+            self.speed_ips, self.speed_from = _speed(self.runner, sample[:batch], measure_s), "warm-up"
+        if spec.batching:
+            self._batched.set_max_batch_size(batch)
+            self._batched.set_batch_wait_timeout_s(batch_wait_s)
+
+    async def infer(self, images: np.ndarray) -> np.ndarray:
+        if self.spec.batching:
+            return await self._batched(images)
+        return await asyncio.to_thread(self.runner, images)
+
+    # two batches at once: the next one is gathered and handed over while the runner runs this one (the
+    # runner runs its calls one at a time), so the devices do not wait for Serve between batches
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=2, batch_size_fn=_images_in)
+    async def _batched(self, parts: list[np.ndarray]) -> list[np.ndarray]:
+        images = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        outputs = await asyncio.to_thread(self.runner, images)
+        return np.split(outputs, np.cumsum([len(p) for p in parts])[:-1])
+
+    def info(self) -> dict[str, Any]:
+        import ray
+
+        return {"name": self.spec.name, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+                "batch": max(1, self.runner.batch), "classes": self.runner.classes or 0,
+                "batching": self.spec.batching, "speed_ips": self.speed_ips,
+                "speed_from": self.speed_from, "checked": self.runner.checked, "check": self.runner.check_result,
+                "served": self.runner.describe()["served"]}
+
+    def __del__(self) -> None:
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.close()
+
+
+def _speed(runner: Any, sample: np.ndarray, seconds: float) -> float:
+    """img/s of the runner on back-to-back calls of ``sample`` for at least ``seconds``."""
+    done, start = 0, time.perf_counter()
+    while True:
+        runner(sample)
+        done += len(sample)
+        wall = time.perf_counter() - start
+        if wall >= seconds:
+            return done / wall
+
+
+@dataclass(frozen=True)
+class IngressSettings:
+    """What the ingress needs besides its replicas: the model's input and preprocessing, its limits,
+    the CPU cores the config's devices pin on its node (decoding runs on the others)."""
+
+    model: str
+    input_shape: tuple[int, ...]
+    prep: Preprocessing
+    max_queue: int
+    max_body: int
+    busy_cores: frozenset[int]
+
+
+class NoReplica(Exception):
+    """No replica answered a chunk after every retry."""
+
+
+class Ingress:
+    """The HTTP endpoints (``requests`` says which); ``begin_drain``, ``requests_in_flight`` and
+    ``replicas`` for the driver."""
+
+    def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
+        from ray.serve.metrics import Counter
+
+        from autohet.runtime.images import Decoders
+
+        self.settings = settings
+        self.names = list(replicas)
+        self.handles = [replicas[n] for n in self.names]
+        self.pending = [0] * len(self.names)  # images sent to each replica and not answered
+        self.speeds: list[float] = []
+        self.batches: list[int] = []
+        self.routed = [0] * len(self.names)
+        self.down: set[int] = set()  # replicas whose last call died, until their successor answers
+        self.watchers: set[asyncio.Task] = set()
+        self.classes = 0
+        self.in_flight = 0
+        self.draining = False
+        self.decoders = Decoders(settings.busy_cores)
+        self.learned = asyncio.Lock()
+        self.images_metric = Counter("autohet_serve_images", "images answered, by the replica (deployment) that ran "
+                                     "them", tag_keys=("target",))
+
+    # --- the driver's calls ----------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """From now on new requests get 503 (Retry-After) and /healthz 503; admitted ones finish."""
+        self.draining = True
+
+    def requests_in_flight(self) -> int:
+        return self.in_flight
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """Every replica's ``info`` (waits for replicas still starting), with the images routed to it."""
+        infos = await asyncio.gather(*(h.info.remote() for h in self.handles))
+        self.speeds = [float(i["speed_ips"] or 1.0) for i in infos]
+        self.batches = [int(i["batch"]) for i in infos]
+        self.classes = int(infos[0]["classes"])
+        return [{**i, "images_routed": n} for i, n in zip(infos, self.routed, strict=True)]
+
+    # --- HTTP ----------------------------------------------------------------------------------------
+
+    async def __call__(self, request: Any) -> Any:
+        try:
+            route = rq.check_route(request.method, request.url.path)
+            if route == "healthz":
+                return await self._health()
+            return await self._predict(request)
+        except rq.BadRequest as exc:
+            return _json({"error": exc.reason}, exc.status, exc.headers)
+
+    async def _health(self) -> Any:
+        if self.draining:
+            return _busy("the service is shutting down")
+        try:
+            infos = await asyncio.wait_for(self.replicas(), INFO_TIMEOUT_S)
+        except Exception as exc:  # a replica still starting (or restarting) does not answer in time
+            return _busy(f"not ready: a replica did not answer within {INFO_TIMEOUT_S:g} s ({type(exc).__name__})")
+        return _json({"ready": True, "replicas": infos,
+                      "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
+
+    async def _predict(self, request: Any) -> Any:
+        if self.draining:
+            return _busy("the service is shutting down; retry on its successor")
+        media = rq.media_type(request.headers.get("content-type"))
+        rq.check_declared_length(request.headers.get("content-length"), self.settings.max_body)
+        with_logits = rq.parse_query(request.query_params)
+        if self.in_flight >= self.settings.max_queue:
+            return _busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve "
+                         "--max-queue)")
+        self.in_flight += 1
+        try:
+            body = await self._body(request)
+            if media == rq.NPY_TYPE:
+                images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
+            else:
+                loop = asyncio.get_running_loop()
+                images = await loop.run_in_executor(self.decoders.pool, rq.decode_image, body, self.settings.prep)
+            try:
+                outputs = await self._run(images)
+            except NoReplica as exc:
+                return _busy(str(exc))
+            except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
+                log.exception("autohet serve: a request failed")
+                return _json({"error": f"inference failed: {_last_line(exc)}"}, 500)
+            if media == rq.NPY_TYPE:
+                if "application/x-npy" in request.headers.get("accept", ""):
+                    from starlette.responses import Response
+
+                    return Response(rq.npy_bytes(outputs), media_type=rq.NPY_TYPE)
+                return _json(rq.outputs_body(outputs), 200)
+            return _json(rq.predict_body(outputs[0], with_logits), 200)
+        finally:
+            self.in_flight -= 1
+
+    async def _body(self, request: Any) -> bytes:
+        """The body, refused (413) as soon as it passes the limit, whatever Content-Length said."""
+        parts, size = [], 0
+        async for part in request.stream():
+            size += len(part)
+            if size > self.settings.max_body:
+                raise rq.BadRequest(413, rq.too_large(size, self.settings.max_body))
+            parts.append(part)
+        return b"".join(parts)
+
+    async def _run(self, images: np.ndarray) -> np.ndarray:
+        if not self.speeds:
+            async with self.learned:
+                if not self.speeds:
+                    await self.replicas()
+        if len(images) == 0:
+            return np.zeros((0, self.classes), np.float32)
+        return await self._send(images, set(), 0)
+
+    async def _send(self, images: np.ndarray, skip: set[int], attempt: int) -> np.ndarray:
+        """The images' outputs, shared between the replicas (not ``skip`` nor one that is down, while
+        another is left) in chunks of at most each one's batch."""
+        chunks = share(len(images), self.pending, self.speeds, self.batches, skip=self.down | skip)
+        starts = np.cumsum([0] + [n for _, n in chunks])
+        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt)
+                                      for k, (i, _) in enumerate(chunks)))
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    async def _chunk(self, replica: int, images: np.ndarray, attempt: int) -> np.ndarray:
+        """One chunk's outputs. When its replica dies under it, the chunk is shared again between the
+        others (re-cut to their batches) or, with none left, sent to the replica Serve starts in its
+        place (a call waits for it)."""
+        from ray.exceptions import RayActorError
+        from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+        if replica in self.down:
+            await asyncio.sleep(RETRY_DELAY_S * attempt / RETRIES)
+        self.pending[replica] += len(images)
+        try:
+            out = await self.handles[replica].infer.remote(images)
+            self.routed[replica] += len(images)
+            self.images_metric.inc(len(images), tags={"target": self.names[replica]})
+            return out
+        except (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
+            failure = f"{self.names[replica]}: {type(exc).__name__}"
+            log.warning("autohet serve: replica %s failed a chunk (%s); sending it again", self.names[replica],
+                        type(exc).__name__)
+            self._mark_down(replica)
+        finally:
+            self.pending[replica] -= len(images)
+        if attempt + 1 >= RETRIES:
+            raise NoReplica(f"no replica answered after {RETRIES} attempts (last: {failure}); retry")
+        return await self._send(images, {replica}, attempt + 1)
+
+    def _mark_down(self, replica: int) -> None:
+        """No new chunks for ``replica`` (unless no other is left) until its successor answers."""
+        if replica in self.down:
+            return
+        self.down.add(replica)
+
+        async def back() -> None:
+            with contextlib.suppress(Exception):  # died again: its next failed chunk marks it down again
+                info = await self.handles[replica].info.remote()  # waits for the replica Serve starts
+                self.speeds[replica] = float(info["speed_ips"] or 1.0)
+            self.down.discard(replica)
+
+        self.watchers.add(task := asyncio.get_running_loop().create_task(back()))
+        task.add_done_callback(self.watchers.discard)
+
+
+def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _busy(reason: str) -> Any:
+    return _json({"error": reason}, 503, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _last_line(exc: BaseException) -> str:
+    """The underlying error's own line (a Ray task error wraps it in a traceback)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSettings, batch_wait_s: float,
+              driver_node: str) -> Any:
+    """The application to ``serve.run``: the ingress on the driver's node, bound to every replica."""
+    from ray.serve.config import BackpressureConfig
+
+    from autohet.pool.ray_pool import ray_node_id
+
+    replica = serve.deployment(Replica)
+    bound = {}
+    for spec in specs:
+        options: dict[str, Any] = {"num_cpus": spec.cores, "num_gpus": spec.gpus,
+                                   "runtime_env": {"env_vars": {**ONE_LOOP, **(NOSET_CUDA if spec.gpus else {})}}}
+        if spec.node is not None:
+            options["label_selector"] = {"ray.io/node-id": ray_node_id(spec.node)}
+        bound[spec.name] = replica.options(
+            name=spec.name, num_replicas=1, ray_actor_options=options,
+            # admission is the ingress's: this only has to hold a batch being gathered beside one running
+            max_ongoing_requests=max(64, 4 * settings.max_queue), max_constructor_retry_count=1,
+            health_check_timeout_s=30.0, graceful_shutdown_timeout_s=5.0,
+        ).bind(spec, config, batch_wait_s, 1.0)
+    limit = settings.max_queue + 64  # the ingress sees every request and refuses past max_queue itself
+    ingress = serve.deployment(Ingress).options(
+        name="ingress", num_replicas=1, max_ongoing_requests=limit, max_queued_requests=limit,
+        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S),
+        ray_actor_options={"num_cpus": 0, "label_selector": {"ray.io/node-id": driver_node},
+                           "runtime_env": {"env_vars": ONE_LOOP}},
+        graceful_shutdown_timeout_s=5.0)
+    return ingress.bind(settings, **bound)

@@ -1,0 +1,256 @@
+"""Starting, draining and stopping the service (the driver's side of ``autohet serve``).
+
+``Service.start`` checks everything it can before Ray starts (the config, the port), starts or joins
+Ray, starts Serve with one HTTP proxy on the head node bound to ``host:port``, and deploys the
+application; it returns once every replica has loaded, been checked and warmed. ``drain`` refuses
+new requests (503 with Retry-After) and waits for the admitted ones; ``close`` stops Serve (and the
+Ray it started). Serve's own shutdown does not drain (it drops requests in flight), hence ``drain``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autohet.config import RunConfig
+from autohet.errors import UserError
+
+if TYPE_CHECKING:
+    from autohet.service.plan import ReplicaSpec
+
+__all__ = ["APP_NAME", "Service", "ServiceOptions"]
+
+APP_NAME = "autohet"
+_QUIET = {"log_level": "WARNING", "enable_access_log": False}
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """What ``autohet serve`` takes; ``check`` refuses bad values in one line each."""
+
+    config: str
+    host: str = "127.0.0.1"
+    port: int = 8000
+    address: str | None = None
+    batch_wait_ms: float = 2.0
+    max_queue: int = 128
+    max_body_mb: float = 32.0
+    drain_s: float = 10.0
+    request_timeout_s: float = 60.0
+    metrics_port: int | None = None
+
+    def check(self) -> None:
+        for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
+            if port is not None and not 1 <= port <= 65535:
+                raise UserError(f"{flag} must be a TCP port between 1 and 65535, got {port}")
+        if self.batch_wait_ms < 0:
+            raise UserError(f"--batch-wait-ms must be 0 or more milliseconds, got {self.batch_wait_ms:g}")
+        if self.max_queue < 1:
+            raise UserError(f"--max-queue must be at least 1 request, got {self.max_queue}")
+        for flag, value in (("--max-body-mb", self.max_body_mb), ("--request-timeout-s", self.request_timeout_s)):
+            if value <= 0:
+                raise UserError(f"{flag} must be positive, got {value:g}")
+        if self.drain_s < 0:
+            raise UserError(f"--drain-s must be 0 or more seconds, got {self.drain_s:g}")
+
+    @property
+    def max_body(self) -> int:
+        return int(self.max_body_mb * 1024 * 1024)
+
+
+def check_port_free(host: str, port: int, flag: str) -> None:
+    """One line when ``host:port`` cannot be listened on (in use, or not an address of this machine)."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy binds it
+        try:
+            probe.bind(where)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"{host}:{port} is in use by another server; stop it or pass another {flag}") from None
+            raise UserError(f"{host}:{port} cannot be listened on ({exc.strerror}); pass an address of this "
+                            "machine (--host) and a free port") from None
+
+
+class Service:
+    """The config behind HTTP: ``start``, then ``drain`` and ``close`` (``close`` is always safe)."""
+
+    def __init__(self, options: ServiceOptions) -> None:
+        options.check()
+        self.options = options
+        self.config: RunConfig | None = None
+        self.ingress: Any = None
+        self.replicas: list[dict[str, Any]] = []
+        self.metrics_url: str | None = None
+        self._owns_ray = False
+        self._serve_started = False
+
+    @property
+    def url(self) -> str:
+        host = self.options.host if ":" not in self.options.host else f"[{self.options.host}]"
+        return f"http://{host}:{self.options.port}"
+
+    def start(self) -> None:
+        from autohet.config import load_config
+        from autohet.models import input_shape
+        from autohet.runtime.images import preprocessing_for
+        from autohet.service.plan import plan_replicas
+
+        opts = self.options
+        where = opts.config
+        config = self.config = load_config(Path(opts.config))
+        shape = tuple(input_shape(config.model.name))
+        prep = preprocessing_for(shape, config.preprocess, where)
+        specs = plan_replicas(config, where)
+        check_port_free(opts.host, opts.port, "--port")
+        if opts.metrics_port is not None and not opts.address:
+            check_port_free("0.0.0.0", opts.metrics_port, "--metrics-port")
+        import ray
+
+        from autohet.ray_runtime import init_ray
+
+        self._owns_ray = not ray.is_initialized()
+        init_ray(opts.address, metrics_port=None if opts.address else opts.metrics_port)
+        from ray import serve
+
+        # after its import, which sets it; the driver's handle only warns of slow answers while the box is busy
+        logging.getLogger("ray.serve").setLevel(logging.ERROR)
+
+        check_resources(specs, where)
+        status = serve.status()
+        if status.proxies or status.applications:
+            raise UserError("Ray Serve already runs on this Ray cluster (its own host, port and applications); "
+                            "autohet serve starts and stops its own: use a cluster without Serve, or no --address")
+        self._serve_started = True
+        serve.start(proxy_location="HeadOnly", logging_config=_QUIET,
+                    http_options={"host": opts.host, "port": opts.port, "request_timeout_s": opts.request_timeout_s})
+        from autohet.service.app import IngressSettings, build_app
+
+        driver_node = ray.get_runtime_context().get_node_id()
+        busy = frozenset(c for spec in specs for i in spec.executors if config.pool.executors[i].node is None
+                         for c in config.pool.executors[i].cores)
+        settings = IngressSettings(config.model.name, shape, prep, opts.max_queue, opts.max_body, busy)
+        app = build_app(config, specs, settings, opts.batch_wait_ms / 1000.0, driver_node)
+        try:
+            self.ingress = serve.run(app, name=APP_NAME, route_prefix="/", logging_config=_QUIET)
+        except RuntimeError as exc:
+            raise UserError(f"{where} cannot be served: {_deploy_failure(exc)}") from None
+        self.replicas = self.ingress.replicas.remote().result(timeout_s=120)
+        self.metrics_url = _metrics_url(driver_node)
+
+    def drain(self) -> tuple[int, int, float]:
+        """New requests refused from now on; waits up to ``drain_s`` for the admitted ones. Returns
+        (requests in flight at the start, still in flight at the end, seconds)."""
+        start = time.perf_counter()
+        if self.ingress is None:
+            return 0, 0, 0.0
+        self.ingress.begin_drain.remote().result(timeout_s=10)
+        first = left = self.ingress.requests_in_flight.remote().result(timeout_s=10)
+        while left and time.perf_counter() - start < self.options.drain_s:
+            time.sleep(0.1)
+            left = self.ingress.requests_in_flight.remote().result(timeout_s=10)
+        return first, left, time.perf_counter() - start
+
+    def close(self) -> None:
+        """Stops Serve (its proxy, ingress and replicas) and the Ray this service started."""
+        import contextlib
+        import io
+        import sys
+
+        ray = sys.modules.get("ray")
+        if ray is None or not ray.is_initialized():
+            return
+        # the driver's handles log their calls cut off by the shutdown (after it, from Ray's threads)
+        logging.getLogger("ray.serve").setLevel(logging.CRITICAL)
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            local = self._owns_ray and not self.options.address
+            if self._serve_started and not local:  # a local Ray's shutdown ends every Serve actor with it
+                from ray import serve
+
+                serve.shutdown()
+            if self._owns_ray:
+                ray.shutdown()
+        self.ingress = None
+
+    def describe(self) -> list[str]:
+        """The lines ``autohet serve`` prints once ready."""
+        assert self.config is not None
+        opts, cfg = self.options, self.config
+        lines = [f"autohet: serving {opts.config} ({cfg.model.name}, {cfg.strategy}, {cfg.objective}) at {self.url}: "
+                 f"POST /v1/predict, GET /healthz; at most {opts.max_queue} requests in flight (503 past them), "
+                 f"bodies up to {opts.max_body_mb:g} MB"]
+        parts = []
+        for r in self.replicas:
+            served = r["served"]
+            names = served.get("executors") or served.get("devices") or [served.get("device") or "its devices"]
+            devices = ", ".join(map(str, names))
+            speed = (f", {r['speed_ips']:.0f} img/s ({'exported' if r['speed_from'] == 'config' else 'warm-up'})"
+                     if r["speed_ips"] else "")
+            batching = f"batches up to {r['batch']}" if r["batching"] else "batch-1 path"
+            parts.append(f"{r['name']} on {devices} ({batching}{speed})")
+        lines.append(f"autohet: {len(parts)} replica{'s' if len(parts) > 1 else ''}: {'; '.join(parts)}"
+                     + (f"; Prometheus metrics at {self.metrics_url}" if self.metrics_url else ""))
+        return lines
+
+
+def check_resources(specs: list[ReplicaSpec], where: str) -> None:
+    """One line when the Ray cluster cannot hold a replica (Serve would wait for it forever)."""
+    import ray
+
+    from autohet.pool.ray_pool import ray_node_id
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    for spec in specs:
+        node = None if spec.node is None else ray_node_id(spec.node)
+        fits = [n for n in nodes if node in (None, n["NodeID"]) and n["Resources"].get("CPU", 0) >= spec.cores
+                and n["Resources"].get("GPU", 0) >= spec.gpus]
+        if not fits:
+            on = f"node {spec.node}" if spec.node is not None else "any one node"
+            raise UserError(f"{where}: replica {spec.name} needs {spec.cores} CPUs and {spec.gpus} GPUs on {on}; the "
+                            f"Ray cluster's nodes have {_capacities(nodes)}: serve the config where it was tuned")
+    total = ray.cluster_resources()
+    for kind, need in (("CPU", sum(s.cores for s in specs)), ("GPU", sum(s.gpus for s in specs))):
+        if need > total.get(kind, 0):
+            raise UserError(f"{where}: its replicas need {need} {kind}s together and the Ray cluster has "
+                            f"{int(total.get(kind, 0))}: serve the config where it was tuned")
+
+
+def _capacities(nodes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{int(n['Resources'].get('CPU', 0))} CPUs + {int(n['Resources'].get('GPU', 0))} GPUs"
+                     for n in nodes)
+
+
+def _metrics_url(node_id: str) -> str | None:
+    import ray
+
+    for node in ray.nodes():
+        if node["NodeID"] == node_id and node.get("MetricsExportPort"):
+            return f"http://{node['NodeManagerAddress']}:{node['MetricsExportPort']}/metrics"
+    return None
+
+
+def _deploy_failure(exc: BaseException) -> str:
+    """The replica's own error behind a failed deployment: its UserError line where there is one."""
+    from ray import serve
+
+    texts = [str(exc)]
+    try:
+        app = serve.status().applications.get(APP_NAME)
+        if app is not None:
+            texts += [d.message for d in app.deployments.values() if d.message]
+    except Exception:  # the status is a convenience here; the exception itself still says something
+        pass
+    lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "UserError:" in line:
+            return line.split("UserError:", 1)[1].strip()
+    errors = [line for line in lines if "Error:" in line]
+    return (errors[-1] if errors else lines[0] if lines else type(exc).__name__)[:400]

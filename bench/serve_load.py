@@ -1,0 +1,348 @@
+"""``autohet serve`` under a real HTTP load over loopback, next to the same config offline (issue 28).
+
+One run, one command:
+
+1. offline: the config through ``autohet.load`` in this process: img/s of a stream of batches of
+   its tuned size (``runner.map``; a latency config: the p50 of batch-1 calls), and the expected
+   outputs of every request body the clients will send;
+2. the service: ``autohet serve`` started as a subprocess (devices released by step 1 first),
+   ready once it prints its replicas;
+3. the load: ``--clients`` concurrent clients (asyncio + aiohttp, one request in flight each) for
+   ``--seconds``, each sending an ``--npy-batch N`` .npy (answered as .npy with ``--accept npy``, or
+   JSON) or one synthetic JPEG (``--jpeg``, answered with its logits); a 503 is retried after its
+   Retry-After (at most ``--retry-cap-s``); every answer is checked against the offline outputs of
+   the same body (the config precision's tolerance). A request is lost when it never gets a correct
+   answer: an error status other than 503, a broken connection, a timeout or a wrong answer;
+4. the fault (``--kill-replica-after S``): after S seconds one replica's process (``--kill-replica
+   NAME``, default the fastest) is killed with SIGKILL, and the time until ``/healthz`` is 200 again
+   is measured;
+5. SIGTERM to the service: its exit code (143) and how long it took.
+
+Prints req/s, img/s, p50/p90/p99 latency of the answered requests, 503s, lost requests, the images
+each replica ran, and served / offline img/s.
+
+    python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
+    python -m bench.serve_load --config runs/resnet18-latency/best.yaml --clients 1 --jpeg --seconds 20
+    python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 40 \\
+        --kill-replica-after 15
+    python -m bench.serve_load --smoke     # lenet fast_split on actors/cpu2.yaml: seconds of load, a kill
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench._common import emit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Bodies:
+    """The distinct request bodies the clients cycle through and each one's expected outputs."""
+
+    kind: str  # content type
+    data: list[bytes]
+    expected: list[np.ndarray]
+    images: int  # per request
+    query: str = ""
+    accept: str = "application/json"
+
+
+@dataclass
+class Tally:
+    latencies: list[float] = field(default_factory=list)
+    answered: int = 0
+    rejected: int = 0  # 503 answers (each retried)
+    lost: list[str] = field(default_factory=list)
+    wrong: int = 0
+
+
+def npy(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def jpeg(seed: int, width: int) -> bytes:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0 : width * 3 // 4, 0:width]
+    pixels = (np.stack([x, y, x + y], axis=-1) * (255.0 / (2 * width)) + rng.integers(0, 40, 3)).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]]:
+    """The config through ``autohet.load``: the request bodies with their expected outputs, and the
+    offline figure (stream img/s, or batch-1 p50 for a latency config)."""
+    import autohet
+    from autohet.context import TOLERANCE
+    from autohet.runtime.images import preprocessing_for
+    from autohet.service.requests import decode_image
+    from bench.runtime_load import stream_ips
+
+    with autohet.load(path) as runner:
+        shape, distinct = runner.input_shape, args.distinct
+        if args.jpeg:
+            prep = preprocessing_for(shape, runner.config.preprocess, path)
+            data = [jpeg(k, args.jpeg_width) for k in range(distinct)]
+            inputs = np.concatenate([decode_image(d, prep) for d in data])
+            bodies = Bodies("image/jpeg", data, list(runner(inputs)[:, None]), 1, query="?logits=1")
+        else:
+            inputs = np.random.default_rng(7).standard_normal((distinct * args.npy_batch, *shape), dtype=np.float32)
+            out = runner(inputs)
+            split = list(range(0, len(inputs), args.npy_batch))
+            bodies = Bodies("application/x-npy", [npy(inputs[s : s + args.npy_batch]) for s in split],
+                            [out[s : s + args.npy_batch] for s in split], args.npy_batch,
+                            accept="application/x-npy" if args.accept == "npy" else "application/json")
+        figures: dict[str, Any] = {"tolerance": TOLERANCE[runner.served.precision], "batch": runner.batch}
+        if runner.mode == "latency":
+            one = np.ascontiguousarray(inputs[:1])
+            times = []
+            for _ in range(args.latency_calls):
+                start = time.perf_counter()
+                runner(one)
+                times.append(time.perf_counter() - start)
+            figures["offline_p50_ms"] = 1000 * float(np.percentile(times, 50))
+        else:
+            figures["offline_ips"] = stream_ips(runner, args.offline_images, max(1, runner.batch))
+        figures["objective"], figures["strategy"], figures["model"] = runner.mode, runner.config.strategy, \
+            runner.model.name
+    return bodies, figures
+
+
+def correct(body: bytes, accept: str, expected: np.ndarray, tolerance: float) -> bool:
+    """The answer's outputs (an .npy, ``outputs`` or an image's ``logits``) against the offline ones."""
+    try:
+        if accept == "application/x-npy":
+            got = np.load(io.BytesIO(body))
+        else:
+            answer = json.loads(body)
+            got = np.asarray(answer["outputs"] if "outputs" in answer else [answer["logits"]], np.float32)
+    except (ValueError, KeyError, OSError):
+        return False
+    if got.shape != expected.shape:
+        return False
+    return float(np.abs(got - expected).max()) <= tolerance * max(float(np.abs(expected).max()), 1e-6)
+
+
+async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
+    """``clients`` closed-loop clients for ``seconds``, and the fault at ``kill_replica_after``."""
+    import aiohttp
+
+    tally, fault = Tally(), {}
+    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.clients + 4),
+                                     timeout=timeout) as session:
+        start = time.perf_counter()
+        deadline = start + args.seconds
+
+        async def one(k: int) -> None:
+            """One request until it is answered (a 503 retried after its Retry-After) or lost."""
+            data, expected = bodies.data[k % len(bodies.data)], bodies.expected[k % len(bodies.data)]
+            while True:
+                sent = time.perf_counter()
+                try:
+                    async with session.post(url + "/v1/predict" + bodies.query, data=data, headers={
+                            "Content-Type": bodies.kind, "Accept": bodies.accept}) as response:
+                        body = await response.read()
+                        status, retry = response.status, response.headers.get("Retry-After")
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    tally.lost.append(f"{type(exc).__name__}: {exc}"[:200])
+                    return
+                if status == 503:
+                    tally.rejected += 1
+                    await asyncio.sleep(min(float(retry or 1), args.retry_cap_s))
+                    continue
+                if status != 200:
+                    tally.lost.append(f"HTTP {status}: {body[:160]!r}")
+                    return
+                if not correct(body, bodies.accept, expected, tolerance):
+                    tally.wrong += 1
+                    tally.lost.append("a wrong answer")
+                    return
+                tally.answered += 1
+                tally.latencies.append(time.perf_counter() - sent)
+                return
+
+        async def client(c: int) -> None:
+            k = c
+            while time.perf_counter() < deadline:
+                await one(k)
+                k += args.clients
+
+        async def kill() -> None:
+            await asyncio.sleep(args.kill_replica_after)
+            async with session.get(url + "/healthz") as response:
+                replicas = (await response.json())["replicas"]
+            victim = next((r for r in replicas if r["name"] == args.kill_replica), None) if args.kill_replica else \
+                max(replicas, key=lambda r: r["speed_ips"] or 0)
+            if victim is None:
+                raise SystemExit(f"--kill-replica {args.kill_replica}: no such replica "
+                                 f"({', '.join(r['name'] for r in replicas)})")
+            os.kill(victim["pid"], signal.SIGKILL)
+            killed = time.perf_counter()
+            fault.update(killed=victim["name"], killed_at_s=killed - start)
+            while True:  # until every replica answers again
+                await asyncio.sleep(0.5)
+                try:
+                    async with session.get(url + "/healthz") as response:
+                        if response.status == 200:
+                            fault["recovered_s"] = time.perf_counter() - killed
+                            return
+                except aiohttp.ClientError:
+                    continue
+
+        tasks = [client(c) for c in range(args.clients)]
+        if args.kill_replica_after is not None:
+            tasks.append(kill())
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+        async with session.get(url + "/healthz") as response:
+            health = await response.json() if response.status == 200 else {}
+        fault["images_routed"] = {r["name"]: r["images_routed"] for r in health.get("replicas", [])}
+    return tally, wall, fault
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_service(path: str, port: int, args: argparse.Namespace, body_bytes: int) -> tuple[subprocess.Popen, list]:
+    """``autohet serve`` as a subprocess of this checkout, once it has printed its replicas."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+    command = [sys.executable, "-m", "autohet.cli", "serve", "--config", path, "--port", str(port),
+               "--max-queue", str(args.max_queue or max(16, 2 * args.clients)),
+               "--max-body-mb", str(max(32.0, 2 * body_bytes / 2**20)), "--batch-wait-ms", str(args.batch_wait_ms),
+               "--request-timeout-s", str(args.request_timeout_s)]
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    lines = []
+    started = time.perf_counter()
+    while len(lines) < 2:
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"autohet serve ended with {proc.wait()} before it was ready: "
+                             f"{proc.stderr.read()[-3000:]}")
+        lines.append(line.rstrip())
+        if time.perf_counter() - started > args.start_timeout_s:
+            proc.kill()
+            raise SystemExit(f"autohet serve was not ready after {args.start_timeout_s:.0f} s")
+    return proc, lines
+
+
+def stop_service(proc: subprocess.Popen) -> tuple[int, float, str]:
+    """SIGTERM: (exit code, seconds until it exited, its last stderr line)."""
+    start = time.perf_counter()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+    err = [line for line in proc.stderr.read().splitlines() if line.strip()]
+    return code, time.perf_counter() - start, err[-1] if err else ""
+
+
+def smoke_config(folder: Path) -> str:
+    from autohet.config import RunConfig, write_config
+    from autohet.models import ModelSpec
+    from autohet.pool import load_pool
+
+    config = RunConfig(ModelSpec("lenet"), load_pool(str(REPO / "actors/cpu2.yaml")), "fast_split",
+                       {"w_s": 2, "threshold": 2}, images=2000)
+    return str(write_config(config, folder / "smoke.yaml"))
+
+
+def percentile_ms(values: list[float], q: float) -> float | None:
+    return 1000 * float(np.percentile(values, q)) if values else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
+    parser.add_argument("--clients", type=int, default=32, help="concurrent clients, one request in flight each")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients send")
+    parser.add_argument("--npy-batch", type=int, default=1, help="images per .npy request (default 1)")
+    parser.add_argument("--jpeg", action="store_true", help="send one synthetic JPEG per request instead of .npy")
+    parser.add_argument("--jpeg-width", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
+    parser.add_argument("--accept", choices=("npy", "json"), default="npy",
+                        help=".npy requests: the answer as .npy (default) or JSON {outputs}")
+    parser.add_argument("--distinct", type=int, default=8, help="distinct request bodies the clients cycle through")
+    parser.add_argument("--kill-replica-after", type=float, help="kill one replica's process after this many seconds")
+    parser.add_argument("--kill-replica", help="the replica to kill (default: the fastest)")
+    parser.add_argument("--offline-images", type=int, default=20000, help="images of the offline stream")
+    parser.add_argument("--latency-calls", type=int, default=200, help="batch-1 calls of the offline p50 (latency)")
+    parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="autohet serve --batch-wait-ms")
+    parser.add_argument("--max-queue", type=int, help="autohet serve --max-queue (default: 2 x clients, >= 16)")
+    parser.add_argument("--retry-cap-s", type=float, default=0.2, help="longest wait before retrying a 503")
+    parser.add_argument("--request-timeout-s", type=float, default=120.0)
+    parser.add_argument("--start-timeout-s", type=float, default=900.0, help="longest wait for the service")
+    parser.add_argument("--port", type=int, help="the service's port (default: a free one)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")
+    parser.add_argument("--out", help="write the row as JSON")
+    args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.seconds, args.npy_batch, args.offline_images = 4, 4.0, 16, 2000
+        if args.kill_replica_after is None:
+            args.kill_replica_after = 1.0
+    for name in ("clients", "npy_batch", "distinct"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = smoke_config(Path(tmp)) if args.smoke else args.config
+        if not path:
+            parser.error("give --config FILE or --smoke")
+        path = str(Path(path).resolve())
+        bodies, figures = offline(path, args)
+        port = args.port or free_port()
+        proc, ready = start_service(path, port, args, max(len(d) for d in bodies.data))
+        try:
+            tally, wall, fault = asyncio.run(load(f"http://127.0.0.1:{port}", bodies, args, figures["tolerance"]))
+        finally:
+            code, stop_s, last = stop_service(proc) if proc.poll() is None else (proc.returncode, 0.0, "")
+    images = tally.answered * bodies.images
+    row: dict[str, Any] = {
+        "model": figures["model"], "strategy": figures["strategy"], "objective": figures["objective"],
+        "request": "jpeg" if args.jpeg else f"npy{args.npy_batch}", "clients": args.clients,
+        "seconds": round(wall, 2), "answered": tally.answered, "req_s": tally.answered / wall, "img_s": images / wall,
+        "p50_ms": percentile_ms(tally.latencies, 50), "p90_ms": percentile_ms(tally.latencies, 90),
+        "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),
+        "wrong": tally.wrong, "lost_examples": tally.lost[:5], **fault, "exit_code": code, "exit_s": round(stop_s, 2),
+        "exit_line": last, "service": ready, "tuned_batch": figures["batch"],
+    }
+    if "offline_ips" in figures:
+        row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
+    else:
+        row.update(offline_p50_ms=figures["offline_p50_ms"])
+    columns = ["model", "strategy", "request", "clients", "req_s", "img_s", "offline_ips", "served_over_offline",
+               "offline_p50_ms", "p50_ms", "p90_ms", "p99_ms", "rejected_503", "lost", "killed", "recovered_s",
+               "exit_code"]
+    emit("serve_load", [row], [c for c in columns if c in row], args.out)
+    if tally.lost:
+        print(f"lost {len(tally.lost)} requests, e.g. {tally.lost[0]}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
