@@ -44,27 +44,36 @@ case "$1" in
     done ;;
   tune_runtime)
     stop_ray
+    log "GPU-marked tests (engine, executors, channels, runtime)"
+    t timeout -k 10 ${TESTS_TIMEOUT:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_engine_jobs.py \
+      tests/test_executors.py tests/test_channels.py tests/test_runtime.py > "$W/gpu_tests.log" 2>&1
+    tail -3 "$W/gpu_tests.log"; stop_ray
     work=/tmp/deploy; mkdir -p $work
-    log "peers of resnet18 (eager, torch.compile, CUDA graph) and a default autohet tune (--time-budget ${TUNE_BUDGET:-120})"
-    t timeout -k 10 ${PEERS_TIMEOUT:-330} python3 -m bench.peers --models resnet18 --max-mode "" --no-b1-compile \
-      --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
+    log "peers of resnet18 (eager, torch.compile, CUDA graph) and a default autohet tune (--time-budget ${TUNE_BUDGET:-90})"
+    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models resnet18 --max-mode "" --no-b1-compile \
+      --time-budget ${TUNE_BUDGET:-90} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
     tail -6 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null
     best=$work/runs/peers-resnet18/best.yaml; cp $best "$W/tuned.yaml" 2>/dev/null; stop_ray
     log "the tuned config through autohet.load, and ${JPEGS:-5000} JPEGs through run --input"
-    t timeout -k 10 ${RT_TIMEOUT:-200} python3 -m bench.runtime_load --config $best --images 20000 \
+    t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config $best --images 20000 \
       --jpegs ${JPEGS:-5000} --out "$W/runtime_tuned.json" > "$W/runtime_tuned.log" 2>&1
     tail -4 "$W/runtime_tuned.log" ;;
   serve)
     stop_ray
     configs
     best=/tmp/deploy/runs/peers-resnet18/best.yaml; [ -f $best ] || best=$W/single.yaml
-    log "serve the tuned config at saturation (${SERVE_SECONDS:-30} s), then kill a replica mid-load"
-    t timeout -k 10 ${SERVE_TIMEOUT:-200} python3 -m bench.serve_load --config $best --seconds ${SERVE_SECONDS:-30} \
-      ${SERVE_ARGS:-} --out "$W/serve_throughput.json" > "$W/serve_throughput.log" 2>&1
+    log "serve the tuned config at saturation (${SERVE_SECONDS:-20} s)"
+    t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config $best --clients 64 --npy-batch 32 \
+      --seconds ${SERVE_SECONDS:-20} --out "$W/serve_throughput.json" > "$W/serve_throughput.log" 2>&1
     tail -8 "$W/serve_throughput.log"; stop_ray
-    log "serve the batch-1 latency config (inductor, captured)"
-    t timeout -k 10 ${SERVE_TIMEOUT:-200} python3 -m bench.serve_load --config "$W/latency.yaml" \
-      --seconds ${SERVE_SECONDS:-30} ${SERVE_LAT_ARGS:-} --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
+    log "the GPU + 15-core fast_split config, its fastest replica killed after 8 s"
+    t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config "$W/mixed.yaml" --clients 64 \
+      --npy-batch 32 --seconds ${SERVE_SECONDS:-20} --kill-replica-after 8 --out "$W/serve_fault.json" \
+      > "$W/serve_fault.log" 2>&1
+    tail -8 "$W/serve_fault.log"; stop_ray
+    log "the batch-1 latency config (inductor, captured), one client"
+    t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config "$W/latency.yaml" --clients 1 \
+      --npy-batch 1 --seconds 12 --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
     tail -8 "$W/serve_latency.log"; stop_ray ;;
   *) echo "unknown section '$1': runtime, tune_runtime or serve"; exit 2 ;;
 esac
