@@ -281,3 +281,12 @@ def test_a_long_stream_is_staged_window_by_window_and_a_call_from_another_thread
         close_to(next(early), ref[:2])
         early.close()  # must not hang on the stager waiting for a window
         close_to(runner(x[37:40]), ref[37:40])
+
+
+def test_a_single_config_starts_only_its_executor(tmp_path):
+    """The tuned pool's other executors would hold memory and cores for nothing (and keep decoding off
+    the cores they pin): on the H100 box's auto pool, four idle CPU groups beside the GPU."""
+    x = np.random.default_rng(4).standard_normal((5, *input_shape("lenet")), dtype=np.float32)
+    with autohet.load(write(tmp_path, "lenet", "single", {"executor": 1})) as runner:
+        assert [e.name for e in runner.pool.spec.executors] == ["cpu1"] and runner.cores == frozenset({1})
+        close_to(runner(x), reference("lenet", x))

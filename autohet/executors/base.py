@@ -13,7 +13,8 @@ from autohet.models import ModelSpec
 from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
 from autohet.workload import Workload
 
-__all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult"]
+__all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult",
+           "join_parts"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 BACKENDS = ("eager", "inductor", "cudagraphs", "openvino", "onnxruntime")
@@ -127,6 +128,29 @@ class UnitResult:
     compute_s: float
 
 
+def join_parts(parts: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+    """The parts one after another, in ``out`` when given (as many rows as they hold together): without
+    ``out`` the only part itself, else copied on several threads (``host_copy``: numpy's concatenate
+    copies on one, 0.3-0.5 s for a 1 GiB window)."""
+    if out is None and len(parts) == 1:
+        return parts[0]
+    import warnings
+
+    import torch
+
+    from autohet.host_copy import copy_rows
+
+    if out is None:
+        out = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)
+    start = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # read-only parts: only read
+        for part in parts:
+            copy_rows(torch.from_numpy(out[start : start + len(part)]), torch.from_numpy(part))
+            start += len(part)
+    return out
+
+
 class Executor(ABC):
     """A device worker. ``load`` places the model and workload once; ``run`` takes index ranges."""
 
@@ -164,7 +188,7 @@ class Executor(ABC):
         """A stream's next call, made ready while units of the current one run (so it may run on any
         thread, and touches nothing the running units read): by default the parts as one array, which
         ``use_staged`` makes the workload. A GPU copies them straight into a pinned buffer instead."""
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return join_parts(parts)
 
     def use_staged(self, staged: Any) -> None:
         """Makes what ``stage`` returned the images of the next units (called between runs)."""

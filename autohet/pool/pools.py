@@ -73,7 +73,9 @@ class Pool(ABC):
     def stage(self, parts: list[np.ndarray]) -> Any:
         """A stream's next call made ready while the current one runs (``use_staged`` then gives it to the
         executors): by default the parts joined, to be placed with ``set_workload``."""
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        from autohet.executors.base import join_parts
+
+        return join_parts(parts)
 
     def use_staged(self, staged: Any) -> list[int]:
         """Gives the executors the staged call's images; returns those that could not take them."""

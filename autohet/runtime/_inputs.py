@@ -58,19 +58,9 @@ def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
 def join(arrays: list[np.ndarray], out: np.ndarray) -> np.ndarray:
     """The arrays one after another into ``out`` (as many rows as they hold together), copied on
     several threads (``host_copy``)."""
-    import warnings
+    from autohet.executors.base import join_parts
 
-    import torch
-
-    from autohet.host_copy import copy_rows
-
-    start = 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only inputs: only read
-        for a in arrays:
-            copy_rows(torch.from_numpy(out[start : start + len(a)]), torch.from_numpy(a))
-            start += len(a)
-    return out
+    return join_parts(arrays, out)
 
 
 _END = object()

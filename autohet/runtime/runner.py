@@ -276,6 +276,8 @@ def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint
     if mode not in strategy.modes:
         raise UserError(f"{source}: strategy {cfg.strategy} does not serve {mode} configs; re-export the config")
     given = {**cfg.params, **cfg.plan}
+    if executor is None and strategy.name == "single":  # its other executors would only hold memory and
+        executor = int(given.get("executor", 0))  # cores (the H100 box's auto pool: four idle CPU groups)
     if executor is not None:
         pool_spec, strategy, given = _one_executor(pool_spec, strategy, executor, source)
     params = strategy.validate(strategy.defaults_for(pool_spec, given))
