@@ -14,7 +14,7 @@ import numpy as np
 
 from autohet.measurement import ExecutorReport, Measurement, percentile
 from autohet.models import ModelSpec, build_model
-from autohet.objectives import RUN_MODES
+from autohet.objectives import RUN_MODES, RunMode
 from autohet.workload import Workload
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ class RunContext:
     check_images: int = 64
     standalone_seconds: float = 1.0
     on_event: Callable[[Any], None] | None = None
-    mode: str = "throughput"
+    mode: RunMode = RunMode.THROUGHPUT
     latency_runs: int = 50
     standalone_provider: Callable[[Pool, int], list[float]] | None = None
     deadline_s: float | None = None
@@ -61,7 +61,8 @@ class RunContext:
 
     def __post_init__(self) -> None:
         if self.mode not in RUN_MODES:
-            raise ValueError(f"mode must be one of {RUN_MODES}, got {self.mode!r}")
+            raise ValueError(f"mode must be one of {', '.join(RUN_MODES)}, got {self.mode!r}")
+        self.mode = RunMode(self.mode)
 
     def standalone(self, pool: Pool) -> list[float]:
         """Each executor's standalone throughput: measured now, or by the provider (the tuner

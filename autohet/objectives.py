@@ -11,13 +11,46 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
+from typing import TypeVar
 
 from autohet.errors import UserError, unknown_name
 
-__all__ = ["ENERGY", "LATENCY", "OBJECTIVES", "RUN_MODES", "THROUGHPUT", "Objective", "ObjectiveSet"]
+__all__ = ["ENERGY", "LATENCY", "OBJECTIVES", "PRIMARY_METRIC", "RUN_MODES", "THROUGHPUT", "Objective", "ObjectiveSet",
+           "RunMode"]
 
-# The two kinds of run a strategy can serve.
-RUN_MODES = ("throughput", "latency")
+T = TypeVar("T")
+
+
+class RunMode(str, Enum):
+    """The two kinds of run a strategy can serve, each owning what differs between them: a throughput
+    run streams every image through the pool in frames of the tuned batch; a latency run times
+    batch-1 requests one by one. A str (it compares equal to its name and stores as it in configs)."""
+
+    THROUGHPUT = "throughput"
+    LATENCY = "latency"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def per_request(self) -> bool:
+        """Images are requests of one, timed one by one (latency), not a stream."""
+        return self is RunMode.LATENCY
+
+    def frame(self, batch: int) -> int:
+        """Images per frame: one per request in a latency run, ``batch`` in a throughput run."""
+        return 1 if self is RunMode.LATENCY else int(batch)
+
+    def pick(self, latency: T, throughput: T) -> T:
+        """The one of two things that belongs to this kind of run (a figure's key, a direction)."""
+        return latency if self is RunMode.LATENCY else throughput
+
+
+RUN_MODES = tuple(RunMode)
+
+# The first objective's figure as the searcher reads it in a trial's results (and MLflow logs it).
+PRIMARY_METRIC = "objective_value"
 
 
 @dataclass(frozen=True)
@@ -28,7 +61,12 @@ class Objective:
     direction: str
     unit: str
     metric: str
-    mode: str | None  # the run it needs; None: measured in any run
+    mode: RunMode | None  # the run it needs; None: measured in any run
+
+    @property
+    def key(self) -> str:
+        """This objective's figure as the searcher reads it in a trial's results (and MLflow logs it)."""
+        return f"objective.{self.name}"
 
     @property
     def worst(self) -> float:
@@ -46,6 +84,10 @@ class Objective:
         """Whether ``a`` beats ``b``."""
         return a > b if self.direction == "max" else a < b
 
+    def rank(self, value: float) -> float:
+        """A sort key that puts the best value first (ascending)."""
+        return -value if self.direction == "max" else value
+
     def best_of(self, values: Iterable[float]) -> float | None:
         items = list(values)
         if not items:
@@ -53,8 +95,8 @@ class Objective:
         return max(items) if self.direction == "max" else min(items)
 
 
-THROUGHPUT = Objective("throughput", "max", "img/s", "throughput_ips", "throughput")
-LATENCY = Objective("latency", "min", "ms p50", "latency_p50_ms", "latency")
+THROUGHPUT = Objective("throughput", "max", "img/s", "throughput_ips", RunMode.THROUGHPUT)
+LATENCY = Objective("latency", "min", "ms p50", "latency_p50_ms", RunMode.LATENCY)
 ENERGY = Objective("energy", "min", "J/img", "energy_j_per_image", None)
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (THROUGHPUT, LATENCY, ENERGY)}
 
@@ -94,13 +136,23 @@ class ObjectiveSet:
         return self.objectives[0]
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> RunMode:
         """The run every trial makes: latency when an objective needs it, else throughput."""
-        return "latency" if any(o.mode == "latency" for o in self.objectives) else "throughput"
+        return RunMode.LATENCY if RunMode.LATENCY in {o.mode for o in self.objectives} else RunMode.THROUGHPUT
 
     @property
     def multi(self) -> bool:
         return len(self.objectives) > 1
+
+    @property
+    def search_metric(self) -> str | list[str]:
+        """The result keys the searcher optimises: every objective's for a front, else the primary's."""
+        return [o.key for o in self.objectives] if self.multi else PRIMARY_METRIC
+
+    @property
+    def search_mode(self) -> str | list[str]:
+        """Their directions, in the same form."""
+        return [o.direction for o in self.objectives] if self.multi else self.primary.direction
 
     def values(self, metrics: Mapping[str, float]) -> list[float]:
         """One number per objective for the searcher; a figure not measured counts as the worst."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from autohet.errors import UserError
 from autohet.heap import settle
+from autohet.objectives import RunMode
 from autohet.strategies import get_strategy
 from autohet.telemetry import EnergyMeter, EnergyResult, Sources, default_sources
 
@@ -44,7 +45,7 @@ def record_energy(m: Measurement, result: EnergyResult, mode: str) -> None:
     """Stores a meter's figures in the Measurement (numbers in extra['energy'], reasons in
     extra['unavailable'])."""
     figures = result.metrics()
-    if mode == "latency" and "energy_j_per_image" in figures:
+    if RunMode(mode).per_request and "energy_j_per_image" in figures:
         figures["energy_j_per_request"] = figures["energy_j_per_image"]
     m.extra["energy"] = {**(m.extra.get("energy") or {}), **figures}
     unavailable = {**result.unavailable, **(m.extra.get("unavailable") or {})}

@@ -184,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
         ctx.deadline_s = args.timeout
         from autohet.strategies import get_strategy
 
-        if mode == "throughput" and not get_strategy(strategy).on_engine:
+        if not mode.per_request and not get_strategy(strategy).on_engine:
             pool.start(model, workload)
             limit = sum(ctx.standalone(pool))  # measured before the run: the limit and the default timeout
             if ctx.deadline_s is None and limit > 0:

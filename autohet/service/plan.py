@@ -62,8 +62,8 @@ def plan_replicas(config: RunConfig, where: str) -> list[ReplicaSpec]:
     if mode not in strategy.modes:
         raise UserError(f"{where}: strategy {config.strategy} does not serve {mode} configs; re-export the config")
     executors = config.pool.executors
-    if mode == "latency" or strategy.family != "data_parallel":
-        return [_replica(config, "runner", tuple(range(len(executors))), WHOLE, mode != "latency", False, where)]
+    if mode.per_request or strategy.family != "data_parallel":
+        return [_replica(config, "runner", tuple(range(len(executors))), WHOLE, not mode.per_request, False, where)]
     if strategy.name == "single":
         index = int({**config.params, **config.plan}.get("executor", 0))
         if not 0 <= index < len(executors):

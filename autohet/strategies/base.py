@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from autohet.objectives import RunMode
 from autohet.params import Param, validate_params
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     family: ClassVar[str]
-    modes: ClassVar[tuple[str, ...]] = ("throughput",)
+    modes: ClassVar[tuple[RunMode, ...]] = (RunMode.THROUGHPUT,)
     params: ClassVar[dict[str, Param]] = {}
     # runs on the in-process engine (autohet.engine): the pool's executor actors are not started for it
     on_engine: ClassVar[bool] = False

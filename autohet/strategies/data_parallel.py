@@ -15,6 +15,7 @@ import numpy as np
 
 from autohet.context import precision_of
 from autohet.errors import UserError
+from autohet.objectives import RunMode
 from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam
 from autohet.strategies._driver import SchedState, drive, drive_measurement, split_by_weights
 from autohet.strategies.base import Strategy
@@ -149,7 +150,7 @@ class SingleScheduler(DataParallelStrategy):
 
     name = "single"
     barrier = True
-    modes = ("throughput", "latency")
+    modes = (RunMode.THROUGHPUT, RunMode.LATENCY)
     params = {"executor": IntParam("executor", 0, low=0, high=1023, help="index of the executor in the pool")}
 
     def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
@@ -161,14 +162,14 @@ class SingleScheduler(DataParallelStrategy):
         """Throughput: every call on the executor (the driver's path); latency: each image a batch-1
         request on the executor's device, as the latency run measured it (``_latency``)."""
         self.check_pool(pool, params)
-        if mode != "latency":
+        if not RunMode(mode).per_request:
             return super().serve(pool, model, params, mode, sample)
         from autohet.strategies._latency import SingleLatencyServed
 
         return SingleLatencyServed(pool.spec.executors[params["executor"]], model, sample.rows(0, 1)[0])
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        if ctx.mode != "latency":
+        if not ctx.mode.per_request:
             return super().run(pool, ctx, params)
         from autohet.strategies._latency import latency_on_executor
 

@@ -23,6 +23,7 @@ from autohet.context import tolerance_for
 from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
+from autohet.objectives import RunMode
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
@@ -194,7 +195,7 @@ class PlacementJob(EngineJob):
 class PlacementStrategy(Strategy):
     name = "placement"
     family = "placement"
-    modes = ("latency",)
+    modes = (RunMode.LATENCY,)
     on_engine = True
     params: ClassVar[dict[str, Param]] = {
         "x": IntParam("x", 2, low=0, high=20, help="correction rounds without gain before stopping (0: none)"),

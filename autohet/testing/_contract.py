@@ -14,7 +14,7 @@ from autohet.context import RunContext
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec
 from autohet.models import ModelSpec
-from autohet.objectives import RUN_MODES
+from autohet.objectives import RUN_MODES, RunMode
 from autohet.params import FloatParam, IntParam, Param
 from autohet.pool import LocalPool, PoolSpec, VirtualPool
 from autohet.running import run_strategy
@@ -76,7 +76,7 @@ def check_simulated_run(name: str) -> None:
     workload = Workload.from_spec(WorkloadSpec(3000, (1, 28, 28)))
     pool = VirtualPool(sim_pool_spec([1000.0, 2500.0], [0.002, 0.001]))
     ctx = RunContext(ModelSpec("lenet"), workload)
-    if strategy.on_engine or "throughput" not in strategy.modes:
+    if strategy.on_engine or RunMode.THROUGHPUT not in strategy.modes:
         try:
             run_strategy(name, {}, pool, RunContext(ModelSpec("lenet"), workload, mode=strategy.modes[0]))
         except UserError as exc:
@@ -115,7 +115,7 @@ def check_real_run(name: str, pool_file: str = "actors/cpu2.yaml", model: str = 
             pool.shutdown()
         assert m.output_ok, f"{name} ({mode}): {m.failures}"
         assert not m.simulated
-        if mode == "latency":
+        if RunMode(mode).per_request:
             assert m.latency_ms["p50"] > 0 and m.limit_ips is None and m.efficiency is None
         else:
             assert m.throughput_ips > 0 and m.limit_ips is not None and m.limit_ips > 0

@@ -84,7 +84,7 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
             client.set_tag(run.info.run_id, "pareto", "true")
             front_rows.append({"run_id": run.info.run_id, "strategy": run.data.tags.get("strategy"),
                                **{o.name: o.value(run.data.metrics) for o in objectives.objectives}})
-        front_rows.sort(key=lambda r: r[objectives.primary.name], reverse=objectives.primary.direction == "max")
+        front_rows.sort(key=lambda r: objectives.primary.rank(r[objectives.primary.name]))
         if front_rows:
             fig = pareto_figure(runs, points, objectives, f"{experiment}: Pareto front")
             client.log_figure(parent_id, fig, "pareto.png")

@@ -62,7 +62,7 @@ def constraints_from(given: dict[str, float | None]) -> list[Constraint]:
 
 def _why_unmeasured(runs: list[Any], metric: str, objectives: ObjectiveSet) -> str:
     """What the trials say about a figure they lack: their unavailable.* tags for it, if any."""
-    if metric == "latency_p50_ms" and objectives.mode != "latency":
+    if metric == "latency_p50_ms" and not objectives.mode.per_request:
         return f"a {objectives.name} tune times no batch-1 requests: tune with --objective latency or latency,energy"
     family = "energy" if metric in ("power_avg_w", "energy_j_per_image") else metric.split("_")[0]
     reasons = sorted({f"{k.split('.', 1)[1]}: {v}" for r in runs for k, v in r.data.tags.items()
@@ -89,4 +89,4 @@ def pick_trial(runs: list[Any], objectives: ObjectiveSet, constraints: list[Cons
         alone = all(any(c.met(r.data.metrics) for r in ok) for c in constraints)
         raise UserError(f"no ok trial of experiment {experiment} meets {' '.join(map(str, constraints))}: "
                         f"best achievable: {best}" + (" (each on its own, not together)" if alone else ""))
-    return max(meeting, key=lambda vr: vr[0] if primary.direction == "max" else -vr[0])[1]
+    return min(meeting, key=lambda vr: primary.rank(vr[0]))[1]

@@ -41,8 +41,7 @@ def summarize(runs: list[Any], objectives: ObjectiveSet | str) -> list[dict[str,
             row.update(best=value, run_id=run.info.run_id, efficiency=run.data.metrics.get("efficiency"),
                        params={k: v for k, v in run.data.params.items() if k.startswith(strategy + ".")})
     out = list(rows.values())
-    sign = -1 if primary.direction == "max" else 1
-    out.sort(key=lambda r: (r["best"] is None, sign * (r["best"] or 0)))
+    out.sort(key=lambda r: (r["best"] is None, primary.rank(r["best"] or 0.0)))
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from autohet.objectives import RunMode
 from autohet.pool import PoolSpec
 from autohet.pool.spec import GPU_BOX_GROUP
 from autohet.strategies import get_strategy
@@ -144,20 +145,20 @@ def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode:
         if name == "backend":
             values.sort(key=lambda v: _BACKEND_FIRST.get(v, len(_BACKEND_FIRST)))
         ours += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
-    if mode == "latency" and len(ours) > 1 and ours[1].get("exec.gpu.backend") == "inductor":
+    if RunMode(mode).per_request and len(ours) > 1 and ours[1].get("exec.gpu.backend") == "inductor":
         ours[:2] = ours[1::-1]  # the compiled-and-captured GPU before the plain graph
     return ours
 
 
 def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
-                  mode: str = "throughput") -> FirstPoints:
+                  mode: str = RunMode.THROUGHPUT) -> FirstPoints:
     """Stage one: single per GPU kind and size (each backend, then batch), then the CPU group at each
     backend and precision; stage two: every strategy at its pool-suited defaults (values outside the
     space are left to the sampler). ``mode``: the objective's; latency puts every GPU on CUDA graphs
     and tries the GPU alone with inductor first."""
     defaults = _exec_defaults(space, pool)
     backend = space.executors.get("gpu", {}).get("backend")
-    if mode == "latency" and backend is not None and backend.contains("cudagraphs"):
+    if RunMode(mode).per_request and backend is not None and backend.contains("cudagraphs"):
         defaults["exec.gpu.backend"] = "cudagraphs"  # every first point's GPU: batch 1 is launch-bound
     singles: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
@@ -184,7 +185,7 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
-                   mode: str = "throughput") -> list[dict[str, Any]]:
+                   mode: str = RunMode.THROUGHPUT) -> list[dict[str, Any]]:
     """Both stages' points in order, stage two at the pool's own executor settings."""
     return staged_points(space, pool, ctx, mode).all()
 

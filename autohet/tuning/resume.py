@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
 from autohet.tracking import FINISHED, TrialLogger, run_status
 
 __all__ = ["finished_trials", "settle_study"]
@@ -31,7 +31,7 @@ def settle_study(study: Any, runs: list[Any], objectives: ObjectiveSet, logger: 
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         run = by_number.get(str(trial.number))
         if run is not None and run_status(run) in FINISHED:
-            values = [run.data.metrics.get(f"objective.{o.name}", run.data.metrics.get("objective_value", o.worst))
+            values = [run.data.metrics.get(o.key, run.data.metrics.get(PRIMARY_METRIC, o.worst))
                       for o in objectives.objectives]
             study.tell(trial.number, values if objectives.multi else values[0])
             told += 1

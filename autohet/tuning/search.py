@@ -13,7 +13,7 @@ from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
 from autohet.pool import PoolSpec
 from autohet.tuning.initial import with_best
 
@@ -56,7 +56,7 @@ class StagedSearch(OptunaSearch):
         if not result or result.get("status") != "ok" or config.get("strategy") != "single":
             return
         kind = self._kind_of(config) if self._kind_of is not None else None
-        value = result.get("objective_value")
+        value = result.get(PRIMARY_METRIC)
         if kind is None or value is None or self._objectives is None:
             return
         known = self.best.get(kind)

@@ -27,6 +27,7 @@ from typing import Any
 
 from autohet.errors import UserError
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
+from autohet.objectives import RunMode
 from autohet.params import Param
 from autohet.pool.spec import POOL_DIMS
 from autohet.strategies import get_strategy, strategy_names
@@ -118,7 +119,7 @@ class SearchSpace:
                 raise UserError(f"--strategies: {wrong[0]!r} does not serve {mode} runs; "
                                 f"valid for them: {', '.join(valid)}")
             valid = [n for n in valid if n in names or n == "single"]
-        executors = self.executors if mode != "latency" else {
+        executors = self.executors if not RunMode(mode).per_request else {
             kind: {p: d for p, d in dims.items() if p != "batch"} for kind, dims in self.executors.items()}
         return SearchSpace({n: self.strategies[n] for n in valid}, executors, self.pool)
 

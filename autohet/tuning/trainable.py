@@ -25,7 +25,7 @@ from autohet.context import RunContext
 from autohet.errors import RunTimeout, UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
 from autohet.pool import PoolSpec
 from autohet.running import energy_sources, run_strategy
 from autohet.strategies import get_strategy
@@ -118,8 +118,8 @@ def objective_metrics(result: dict[str, Any], objectives: ObjectiveSet) -> dict[
     searcher reads; the worst value wherever the trial is not ok or did not measure the figure."""
     ok = result.get("status") == "ok"
     values = objectives.values(result) if ok else [o.worst for o in objectives.objectives]
-    out = {f"objective.{o.name}": float(v) for o, v in zip(objectives.objectives, values, strict=True)}
-    out["objective_value"] = float(values[0])
+    out = {o.key: float(v) for o, v in zip(objectives.objectives, values, strict=True)}
+    out[PRIMARY_METRIC] = float(values[0])
     return out
 
 
@@ -181,7 +181,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return result
 
     workload, deadline_s = setup.workload, setup.deadline_s
-    if setup.sizing is not None and objectives.mode == "throughput":
+    if setup.sizing is not None and not objectives.mode.per_request:
         images = setup.sizing.images(ray.get(manager.best_speed.remote()))
         workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images)
     ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
@@ -215,7 +215,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return finish(_ended("refused", strategy, params, str(exc)))
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
     status, why = trial_status(m, setup.max_temp)
-    if status == "ok" and objectives.mode == "throughput":
+    if status == "ok" and not objectives.mode.per_request:
         ray.get(manager.record_speed.remote(m.throughput_ips))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            plan=get_strategy(strategy).plan_params(m.params, m.extra),
@@ -255,7 +255,7 @@ def _cut_deadline(manager: Any, setup: TrialSetup, images: int) -> float | None:
     for its images is that much slower: it is cut there instead of run to the end."""
     import ray
 
-    if setup.objectives.mode != "throughput" or not setup.cut_factor:
+    if setup.objectives.mode.per_request or not setup.cut_factor:
         return None
     fastest = ray.get(manager.best_speed.remote())
     return None if not fastest else max(CUT_FLOOR_S, setup.cut_factor * images / fastest)
@@ -268,7 +268,7 @@ def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any,
     of running until it is cut and its actor replaced."""
     import ray
 
-    if strategy != "single" or deadline_s is None or setup.objectives.mode != "throughput":
+    if strategy != "single" or deadline_s is None or setup.objectives.mode.per_request:
         return
     index = params.get("executor")
     if not isinstance(index, int):
@@ -295,7 +295,7 @@ def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpe
     README main job's budget, next to an OpenVINO single twice as fast as their torch devices."""
     import ray
 
-    if not get_strategy(strategy).on_engine or setup.objectives.mode != "throughput":
+    if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:
         return
     from autohet.strategies._inprocess import default_devices
 

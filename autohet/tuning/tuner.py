@@ -142,7 +142,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
                                                                          objectives.mode).for_machine()
     for note in left_out:
         print(f"autohet: note: {note}", file=sys.stderr)
-    if objectives.mode == "latency" and list(space.strategies) == ["single"]:
+    if objectives.mode.per_request and list(space.strategies) == ["single"]:
         print("autohet: note: only `single` serves latency runs with these search spaces", file=sys.stderr)
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     # one logical CPU more than the machine has: the trial process (it only waits on executors)
@@ -163,7 +163,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         sizing = None
         classes = int(RunContext(model, Workload(bank.bank, 1), 1).reference(
             np.zeros(1, dtype=np.int64), pool_spec.simulated).shape[1])
-        if objectives.mode == "latency" and settings.images == "auto":
+        if objectives.mode.per_request and settings.images == "auto":
             # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
             # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
             images = max(settings.min_images, settings.latency_runs)
@@ -174,13 +174,13 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
             images = int(settings.images)
         if resume:
             images = int(state["images"])
-        if limit is None and settings.trial_timeout_s == "auto" and objectives.mode != "latency":
+        if limit is None and settings.trial_timeout_s == "auto" and not objectives.mode.per_request:
             limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
         deadline_s = settings.trial_timeout(images, limit or 0.0)
         workload = Workload(bank.bank, images)
         ctx = RunContext(model, workload, settings.check_images)
         ctx.reference(workload.indices_sample(settings.check_images), pool_spec.simulated)
-        if objectives.mode == "latency":
+        if objectives.mode.per_request:
             lat = ctx.with_images(settings.latency_runs)
             lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
         setup = TrialSetup(model, workload, objectives.name, manager_name, settings.check_images,
@@ -227,8 +227,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         if remaining > 0:
             pool_dims = bool(pool_spec.auto) and bool(space.pool)
             space_ctx = space_context(space, pool_spec, model, pool_dims)
-            metric = [f"objective.{o.name}" for o in objectives.objectives] if objectives.multi else "objective_value"
-            mode = [o.direction for o in objectives.objectives] if objectives.multi else objectives.primary.direction
+            metric, mode = objectives.search_metric, objectives.search_mode
             sampler = (optuna.samplers.NSGAIISampler(seed=settings.seed) if objectives.multi
                        else optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=5))
             # the first points were enqueued in the study by the first run; a resume finds the rest there

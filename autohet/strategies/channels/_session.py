@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.errors import UserError
+from autohet.objectives import RunMode
 
 if TYPE_CHECKING:
     from autohet.engine import Engine
@@ -35,9 +36,9 @@ class ChannelsSession:
         from autohet.strategies.channels._layers import channel_graph
         from autohet.strategies.channels._programs import ChannelPrograms
 
-        self.engine, self.model, self.mode, self.workload = engine, model, mode, workload
+        self.engine, self.model, self.mode, self.workload = engine, model, RunMode(mode), workload
         self.requests, self.devices, self.params, self.standalone_s = requests, devices, params, standalone_s
-        batch = 1 if mode == "latency" else params["batch"]
+        batch = RunMode(mode).frame(params["batch"])
         module = build_model(model)
         example = torch.from_numpy(np.ascontiguousarray(workload.rows(0, 1))).expand(
             batch, *input_shape(model.name)).contiguous()
@@ -52,7 +53,7 @@ class ChannelsSession:
             self.links, self.hops = {}, {}
         else:
             self.baselines = self._baselines(module, example)
-            pick = max if mode == "throughput" else min
+            pick = RunMode(mode).pick(min, max)
             self.rest = devices[params["rest"]] if params.get("rest") is not None else pick(self.baselines,
                                                                                            key=self.baselines.get)
             self.times = self.programs.layer_times(devices, runs=params["runs"])
@@ -103,7 +104,7 @@ class ChannelsSession:
         from autohet.engine import request_latencies, stream_frames
 
         program = self.programs.program(plan.units, self.devices, self.rest)
-        if self.mode == "latency":
+        if self.mode.per_request:
             times, outputs = request_latencies(self.engine, program, self._requests())
             return {"times_s": times, "outputs": outputs}
         batch = self.params["batch"]
@@ -151,7 +152,7 @@ class ChannelsSession:
                 row["ocp_measured_ms"] = sum(self.unit_ms(Unit("ocp", (k,), n, 0.0))
                                              for k, n in zip((c.first, c.second), c.ocp_counts, strict=True))
             pairs.append(row)
-        key = "baselines_p50_ms" if self.mode == "latency" else "baselines_ips"
+        key = self.mode.pick("baselines_p50_ms", "baselines_ips")
         return {"devices": devices, "rest": self.rest, key: self.baselines, "layers": names,
                 "pairs_next": [layer.pairs_next for layer in self.graph.layers], "pairing": plan.pairing,
                 "shares": plan.shares, "units": units, "pairs": pairs, "modelled_ms": plan.modelled_s * 1e3,
@@ -173,7 +174,7 @@ class ChannelsSession:
         out = {}
         for device in self.devices:
             program = whole_model_program(self.engine, module, device, example, self.params["graphs"])
-            if self.mode == "latency":
+            if self.mode.per_request:
                 times, _ = request_latencies(self.engine, program, self._requests())
                 out[device] = float(np.median(times)) * 1e3
                 continue

@@ -23,6 +23,7 @@ from autohet.context import tolerance_for
 from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
+from autohet.objectives import RunMode
 from autohet.params import BoolParam, ChoiceParam, FloatListParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
@@ -56,7 +57,7 @@ class ChannelsJob(EngineJob):
 
     def __init__(self, model: ModelSpec, mode: str, workload: Workload, requests: int, devices: list[str],
                  params: dict[str, Any], standalone_s: float = 1.0) -> None:
-        self.model, self.mode, self.workload, self.requests = model, mode, workload, requests
+        self.model, self.mode, self.workload, self.requests = model, RunMode(mode), workload, requests
         self.devices, self.params, self.standalone_s = devices, params, standalone_s
 
     def planned(self, engine: Engine, measure: bool = True) -> tuple[ChannelsSession, PairingPlan]:
@@ -81,7 +82,7 @@ class ChannelsJob(EngineJob):
 class ChannelsStrategy(Strategy):
     name = "channels"
     family = "channels"
-    modes = ("latency", "throughput")
+    modes = (RunMode.LATENCY, RunMode.THROUGHPUT)
     on_engine = True
     params: ClassVar[dict[str, Param]] = {
         "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
@@ -134,10 +135,10 @@ class ChannelsStrategy(Strategy):
         def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
             session, plan = job.planned(engine, measure=False)
             program = session.programs.program(plan.units, devices, session.rest)
-            return (program, 2 if mode == "latency" else params["depth"],
+            return (program, RunMode(mode).pick(2, params["depth"]),
                     {"rest": session.rest, "pairing": plan.pairing, "planned": not session.given(params)})
 
-        return serve_on_engine(specs, build, 1 if mode == "latency" else params["batch"])
+        return serve_on_engine(specs, build, RunMode(mode).frame(params["batch"]))
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """The pairing, every layer's shares on every device, and ``rest``, as the run used them."""
@@ -158,7 +159,7 @@ class ChannelsStrategy(Strategy):
         if params["start"] == "given" and params["pairing"] is None:
             params = {**params, "pairing": out["pairing"]}  # the exported config names the vector run
         precision = tolerance_for([s.precision for s in specs])
-        if ctx.mode == "latency":
+        if ctx.mode.per_request:
             times = out.pop("times_s")
             report = [ExecutorReport("channels", "+".join(s.device for s in specs), len(times), float(sum(times)))]
             m = ctx.latency_measurement(pool, self.name, params, times, outputs, report, precision)

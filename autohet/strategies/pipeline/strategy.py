@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from autohet.context import tolerance_for
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport, WorkUnit
+from autohet.objectives import RunMode
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.strategies._driver import RAISE_MARGIN
 from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
@@ -58,7 +59,7 @@ def spans_nodes(specs: list[ExecutorSpec]) -> bool:
 class PipelineStrategy(Strategy):
     name = "pipeline"
     family = "pipeline"
-    modes = ("throughput",)
+    modes = (RunMode.THROUGHPUT,)
     on_engine = True
     params: ClassVar[dict[str, Param]] = {
         "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),

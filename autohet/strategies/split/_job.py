@@ -23,6 +23,7 @@ from autohet.context import tolerance_for
 from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
+from autohet.objectives import RunMode
 from autohet.params import BoolParam, FloatParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES, chosen_devices, run_on_engine, serve_on_engine
 from autohet.strategies.base import Strategy
@@ -93,12 +94,12 @@ class SpatialJob(EngineJob):
         """``images``: the latency run's requests, or the throughput run's workload; ``gpus``: CUDA
         indices and ``cpus``: whether CPUs take part (temperatures); ``seconds``: each throughput
         baseline's length."""
-        self.model, self.mode, self.images, self.devices = model, mode, images, devices
+        self.model, self.mode, self.images, self.devices = model, RunMode(mode), images, devices
         self.gpus, self.cpus, self.params, self.seconds = gpus, cpus, params, seconds
 
     @property
     def batch(self) -> int:
-        return 1 if self.mode == "latency" else int(self.params["batch"])
+        return self.mode.frame(self.params["batch"])
 
     def _rows(self, start: int, n: int) -> np.ndarray:
         if isinstance(self.images, np.ndarray):
@@ -112,7 +113,7 @@ class SpatialJob(EngineJob):
         """The program measured the run's way: batch-1 requests, or ``images`` in frames of ``batch``."""
         from autohet.engine import request_latencies, stream_frames
 
-        if self.mode == "latency":
+        if self.mode.per_request:
             times, outputs = request_latencies(engine, program, self._rows(0, self._count()))
             return {"times_s": times, "outputs": outputs}
         n = images or self._count()
@@ -127,7 +128,7 @@ class SpatialJob(EngineJob):
         out = {}
         for device in self.devices:
             program = whole_model_program(engine, module, device, example, self.params["graphs"])
-            if self.mode == "latency":
+            if self.mode.per_request:
                 got = self._run_program(engine, program)
                 out[device] = {"p50_ms": float(np.median(got["times_s"])) * 1e3}
                 continue
@@ -199,7 +200,7 @@ class SpatialJob(EngineJob):
         busy: dict[str, float] = defaultdict(float)
         for t in timings:
             busy[t.device] += t.seconds
-        frames = len(got["times_s"]) if self.mode == "latency" else -(-self._count() // self.batch)
+        frames = len(got["times_s"]) if self.mode.per_request else -(-self._count() // self.batch)
         if not graph.chains:
             planning["note"] = (f"no chain of spatially-local layers in the {graph.tracer}-traced model: it ran "
                                 f"whole on {rest}")
@@ -227,7 +228,7 @@ class SpatialStrategy(Strategy):
     """The strategy side of both row families: devices, the job, the measurement and its extras."""
 
     family: ClassVar[str] = "split"
-    modes: ClassVar[tuple[str, ...]] = ("latency", "throughput")
+    modes: ClassVar[tuple[RunMode, ...]] = (RunMode.LATENCY, RunMode.THROUGHPUT)
     on_engine: ClassVar[bool] = True
     job: ClassVar[type[SpatialJob]]
 
@@ -244,7 +245,7 @@ class SpatialStrategy(Strategy):
              params: dict[str, Any], seconds: float) -> SpatialJob:
         """The job over the chosen executors: the first ``requests`` images as batch-1 requests
         (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
-        images: Any = np.ascontiguousarray(workload.rows(0, requests)) if mode == "latency" else workload
+        images: Any = np.ascontiguousarray(workload.rows(0, requests)) if RunMode(mode).per_request else workload
         batch = params.get("batch") or min(s.batch for s in specs)
         gpus = [int(s.gpu or 0) for s in specs if s.kind == "gpu"]
         return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.kind == "cpu" for s in specs),
@@ -290,7 +291,7 @@ class SpatialStrategy(Strategy):
         busy = out.pop("busy_s")
         precision = tolerance_for([s.precision for s in specs])
         base = out["baselines"]
-        if ctx.mode == "latency":
+        if ctx.mode.per_request:
             times = out.pop("times_s")
             reports = [ExecutorReport(s.name, s.device, len(times), busy[s.name], 0.0) for s in specs]
             m = ctx.latency_measurement(pool, self.name, params, times, outputs, reports, precision)
@@ -301,7 +302,7 @@ class SpatialStrategy(Strategy):
             reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], base[s.name]["ips"])
                        for s in specs]
             m = ctx.stream_measurement(pool, self.name, params, wall, outputs, limit, reports, precision)
-        key = "p50_ms" if ctx.mode == "latency" else "ips"
+        key = ctx.mode.pick("p50_ms", "ips")
         best = min(base, key=lambda d: base[d][key] if key == "p50_ms" else -base[d][key])
         out["best_single"] = {"device": best, key: base[best][key]}
         m.extra.update(out)
