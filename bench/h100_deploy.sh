@@ -7,12 +7,8 @@
 # `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
 # over HTTP, and a replica killed mid-load. Wheels (ray[tune,serve], optuna, mlflow) under
 # /root/site for tune_runtime and serve. Logs and JSON go to $OUT (packed into one tarball).
-export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; W=$OUT/$1; mkdir -p "$W"
-t() { s=$(date +%s); "$@"; rc=$?; echo "wall $(( $(date +%s) - s )) s (exit $rc)"; }
-log() { echo "== $*"; }
-stop_ray() { python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true; }
+. bench/_h100_common.sh
 configs() {  # resnet18 configs written by hand (their runs are measured in the same call)
   python3 - "$W" <<'EOF'
 import sys

@@ -7,12 +7,8 @@
 # Wheels (ray, optuna, mlflow) must be installed under /root/site for every section but probe, split,
 # engine, latency_single and pipeline_inproc, which run in-process alone (so they fit the call that
 # stages the first part).
-export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/out}; W=$OUT/$1; mkdir -p "$W"
-t() { s=$(date +%s); "$@"; rc=$?; echo "wall $(( $(date +%s) - s )) s (exit $rc)"; }
-log() { echo "== $*"; }
-stop_ray() { python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1 || true; }
+. bench/_h100_common.sh
 case "$1" in
   split)
     for m in resnet18 vgg16; do
