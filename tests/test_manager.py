@@ -201,3 +201,12 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
     assert engine_shortfall("split", 4.6, [2.1, 2.0], ["a", "b"], CPU_ENGINE_HEADROOM) is not None  # CPUs: 1.1x
     assert engine_shortfall("pipeline", 7.3, [2.1, None], ["a", "b"]) is None  # a device never measured
     assert engine_shortfall("pipeline", None, [2.1, 2.0], ["a", "b"]) is None  # no valid trial yet
+
+
+def test_a_trial_runs_at_least_two_batches_of_each_executor() -> None:
+    from autohet.tuning.trainable import TrialSizing, trial_images
+
+    sizing = TrialSizing(target_s=3.0, min_images=32, max_images=1_000_000, base_ips=4.0)  # vgg16, 2 cores
+    two_groups = load_pool("actors/cpu2.yaml").with_executor_params({"cpu": {"batch": 16}})
+    assert sizing.images(None) == 32 and trial_images(sizing, None, two_groups) == 64
+    assert trial_images(sizing, 4000.0, two_groups) == sizing.images(4000.0)  # a fast model: its time decides

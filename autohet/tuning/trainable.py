@@ -34,7 +34,8 @@ from autohet.tuning.space import SearchSpace
 from autohet.workload import Workload
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing",
-           "engine_shortfall", "objective_metrics", "run_trial", "trial_metrics", "trial_status", "tune_entry"]
+           "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics", "trial_status",
+           "tune_entry"]
 
 # The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
 CUT_FLOOR_S = 5.0
@@ -180,9 +181,15 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         result.update(objective_metrics(result, objectives))
         return result
 
+    try:
+        spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
+    except UserError as exc:
+        return finish(_ended("refused", strategy, params, str(exc)))
+    phases["time.acquire_s"] = time.perf_counter() - started - phases.get("time.cool_s", 0.0)
+    phases["time.compile_s"] = compile_s
     workload, deadline_s = setup.workload, setup.deadline_s
     if setup.sizing is not None and not objectives.mode.per_request:
-        images = setup.sizing.images(ray.get(manager.best_speed.remote()))
+        images = trial_images(setup.sizing, ray.get(manager.best_speed.remote()), spec)
         workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images)
     ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
                      mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
@@ -196,9 +203,6 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     else:
         cut = None
     try:
-        spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
-        phases["time.acquire_s"] = time.perf_counter() - started - phases.get("time.cool_s", 0.0)
-        phases["time.compile_s"] = compile_s
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
         _refuse_hopeless_single(strategy, params, manager, setup, workload.images, ctx.deadline_s)
@@ -237,6 +241,13 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     if why:
         result["error"] = why
     return finish(result)
+
+
+def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec) -> int:
+    """A throughput trial's images: ``sizing``'s, and at least two batches of each executor: a slow model
+    (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor, whose figures
+    moved by 20% from run to run and picked configurations that ran slower when rerun."""
+    return max(sizing.images(best_ips), 2 * sum(e.batch for e in spec.executors))
 
 
 _REFERENCES: dict[str, np.ndarray] = {}  # this trial process's reference outputs, kept across trials

@@ -50,6 +50,9 @@ class CpuBackend(ABC):
 
     name: ClassVar[str]
     precisions: ClassVar[tuple[str, ...]] = ("fp32",)
+    # warmed up on a full batch: the backend plans its memory per input shape, and the first batch of a
+    # new shape runs slow (eager PyTorch pays its first-call costs at any size: 8 images do)
+    warm_full_batch: ClassVar[bool] = False
 
     def missing(self) -> str | None:
         """Why this backend cannot run on this machine (a package or a tool missing), or None."""

@@ -59,6 +59,7 @@ class OnnxRuntimeProgram(CpuProgram):
 class OnnxRuntimeBackend(CpuBackend):
     name = "onnxruntime"
     precisions = ("fp32",)
+    warm_full_batch = True
 
     def missing(self) -> str | None:
         for package in ("onnxruntime", "onnx"):

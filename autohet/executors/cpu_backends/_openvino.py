@@ -99,6 +99,7 @@ class OpenVinoProgram(CpuProgram):
 class OpenVinoBackend(CpuBackend):
     name = "openvino"
     precisions = ("fp32", "bf16")
+    warm_full_batch = True
 
     def missing(self) -> str | None:
         try:
