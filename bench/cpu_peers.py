@@ -148,6 +148,8 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
     cmd = ["tune", "--model", name, "--experiment", exp]
     if not args.readme:
         cmd += ["--time-budget", str(args.time_budget)] + (["--pool", pool] if pool else [])
+    if args.trials:
+        cmd += ["--trials", str(args.trials)]
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "autohet.cli", *cmd], cwd=work, capture_output=True, text=True,
                           timeout=args.time_budget + 900)
@@ -198,11 +200,15 @@ def main() -> None:
                         help="the tuned config's rerun: as many images as the best peer runs in this many seconds")
     parser.add_argument("--no-tune", action="store_true", help="peers only")
     parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
-    parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 60 s tune")
+    parser.add_argument("--trials", type=int, help="end autohet's tune after this many trials (default: its budget)")
+    parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 2-trial tune")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
-        args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 0.5, 45.0, True, False
+        # two trials end the tune; the budget is a backstop (its set-up took 30 s of a 45 s budget on the
+        # 2-core box, which left no trial)
+        args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 0.5, 150.0, True, False
+        args.trials = 2
         args.rerun_s = 1.0
     from autohet.executors.compiled import native_cpu_bf16, use_compile_cache
 
