@@ -140,7 +140,7 @@ def test_pinned_host_pins_a_bank_in_place_only_where_a_gpu_can_and_undoes_it() -
             assert pinned and torch.from_numpy(bank).is_pinned()
 
 
-def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_actor(ray_local) -> None:
+def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_or_dead_actor(ray_local) -> None:
     """Ray: the end of a tune asks its manager with a bound (``answer_or_none``), so a manager stuck in
     an executor's set-up (a compile cannot be interrupted) does not hold the command past its budget."""
     import ray
@@ -159,6 +159,7 @@ def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_actor(ray_local
     assert answer_or_none(actor.stats.remote(0.0), 60.0) == {"topologies_started": 1}
     assert answer_or_none(actor.stats.remote(120.0), 0.5) is None  # busy far longer than the bound
     ray.kill(actor)
+    assert answer_or_none(actor.stats.remote(0.0), 60.0) is None  # gone (the memory monitor's kill): no answer
 
 
 @pytest.mark.gpu

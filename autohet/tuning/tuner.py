@@ -278,12 +278,14 @@ MANAGER_ANSWER_S = 10.0
 
 
 def answer_or_none(ref: Any, timeout_s: float) -> Any:
-    """The value of a Ray call, or None when it has not come within ``timeout_s``."""
+    """The value of a Ray call, or None when it has not come within ``timeout_s`` or its actor is gone
+    or restarting (Ray's memory monitor killed the manager of a 2-core box's README vgg16 tune after
+    its last trial: the finished trials must still be exported)."""
     import ray
 
     try:
         return ray.get(ref, timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayActorError):  # ActorUnavailableError is one
         return None
 
 
