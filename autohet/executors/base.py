@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from autohet.executors.kinds import ExecutorKind, executor_kind
 from autohet.models import ModelSpec
 from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
 from autohet.workload import Workload
@@ -62,23 +63,52 @@ class ExecutorSpec:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
+    def kind_type(self) -> ExecutorKind:
+        """The registered kind ``kind`` names (an unknown name is a UserError listing the valid ones)."""
+        return executor_kind(self.kind)
+
+    @property
+    def is_cpu(self) -> bool:
+        """A CPU core group: its cores are its device."""
+        return self.kind_type.is_cpu
+
+    @property
+    def is_gpu(self) -> bool:
+        """Runs on a real GPU (or a partition of one) of its own."""
+        return self.kind_type.holds_gpu
+
+    @property
+    def simulated(self) -> bool:
+        return self.kind_type.simulated
+
+    @property
     def device(self) -> str:
-        if self.kind == "gpu":
-            return f"cuda:{self.gpu}" + (f"/{self.sms}sm" if self.sms else "")
-        if self.kind == "cpu":
-            return "cpu[" + ",".join(map(str, self.cores)) + "]"
-        return "simulated-gpu" if self.needs_gpu else "simulated"
+        return self.kind_type.device_label(self.cores, self.gpu, self.sms, self.needs_gpu)
+
+    @property
+    def torch_device(self) -> str | None:
+        """'cuda:N' or 'cpu'; None for a simulated executor."""
+        return self.kind_type.torch_device(self.gpu)
 
     @property
     def uses_gpu(self) -> bool:
         """Holds a (real or simulated) GPU: Ray gives it a GPU share, the dispatcher queues ahead."""
-        return self.kind == "gpu" or self.needs_gpu
+        return self.kind_type.uses_gpu(self.needs_gpu)
+
+    @property
+    def pinned_cores(self) -> tuple[int, ...]:
+        """The cores it occupies (Ray CPUs it claims): none for a simulated executor."""
+        return self.kind_type.pinned_cores(self.cores)
+
+    def ray_resources(self, reserve_cpus: bool = True) -> dict[str, int]:
+        """Ray ``num_cpus`` and ``num_gpus`` of its actor (see ``ExecutorKind.ray_resources``)."""
+        return self.kind_type.ray_resources(self.cores, self.needs_gpu, reserve_cpus)
 
     @property
     def max_unit_images(self) -> int:
         """Largest part of a work unit sent in one call: enough batches that a call's fixed cost
         (the end-of-call sync, the return) stays small next to its compute."""
-        return self.batch * (16 if self.kind == "gpu" else 8)
+        return self.batch * self.kind_type.unit_batches
 
     @property
     def threads(self) -> int:
@@ -115,7 +145,7 @@ class ExecutorSpec:
         if self.streams is None:
             params.pop("streams")
         out.update(params)
-        if self.kind == "sim":
+        if self.simulated:
             out.update(speed_ips=self.speed_ips, overhead_s=self.overhead_s, needs_gpu=self.needs_gpu)
         return out
 
