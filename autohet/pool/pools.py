@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from autohet.errors import UserError
-from autohet.executors import Executor, ExecutorSpec, make_executor
+from autohet.executors import Executor, ExecutorSpec, executor_kind, make_executor
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
@@ -32,6 +32,11 @@ class Identity(NamedTuple):
     cores: tuple[int, ...]
     gpu: int | None
     node: str | None
+
+    @property
+    def holds_gpu(self) -> bool:
+        """Its actor holds a real GPU while alive (see ``ExecutorKind.holds_gpu``)."""
+        return executor_kind(self.kind).holds_gpu
 
 
 def identity(spec: ExecutorSpec) -> Identity:
@@ -297,7 +302,7 @@ class RayPool(Pool):
         execs = self.spec.executors
         # GPUs (and simulated ones, which exercise the same protocol) take their next unit early
         return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in execs],
-                             lookahead=[e.kind == "gpu" or e.needs_gpu for e in execs])
+                             lookahead=[e.uses_gpu for e in execs])
 
     def set_workload(self, workload: Workload) -> list[int]:
         """The images through the object store once; each actor maps them (read-only, no copy)."""

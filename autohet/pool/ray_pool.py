@@ -1,4 +1,12 @@
-"""Executors as Ray actors. The actor class only forwards to the plain Executor: no logic here."""
+"""Executors as Ray actors, and the dispatcher that feeds them.
+
+``ExecutorActor`` forwards each call to the plain Executor it holds; ``ExecutorGroupActor`` holds the
+green-context partitions of one GPU in one process, each member on its own thread. The Ray
+resources and node placement of an actor come from its spec's kind (``ExecutorSpec.ray_resources``);
+``check_cluster_resources`` refuses a pool the cluster cannot hold. ``RayDispatcher`` runs work
+units as actor calls: a large unit in parts kept in flight, an executor that uses a GPU queueing
+its next unit ahead.
+"""
 
 from __future__ import annotations
 
@@ -180,9 +188,7 @@ def actor_options(spec: ExecutorSpec, name: str | None = None, reserve_cpus: boo
     """Ray resources and placement for one executor. ``reserve_cpus=False`` (the tuner's idle
     topologies kept alive) claims no Ray CPUs: the cores are pinned by the executor itself, and
     the owner guarantees that only one topology runs at a time."""
-    opts: dict[str, Any] = {"num_cpus": len(spec.cores) if spec.kind != "sim" and reserve_cpus else 0,
-                            "num_gpus": 1 if spec.kind == "gpu" or spec.needs_gpu else 0,
-                            "max_restarts": 0, "max_concurrency": 1}
+    opts: dict[str, Any] = {**spec.ray_resources(reserve_cpus), "max_restarts": 0, "max_concurrency": 1}
     if spec.node is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -198,11 +204,11 @@ def check_cluster_resources(spec: PoolSpec) -> None:
 
     total = ray.cluster_resources()
     shared = sum(len(g) - 1 for g in spec.partition_groups())  # partitions of one GPU share it
-    gpus = sum(1 for e in spec.executors if e.kind == "gpu" or e.needs_gpu) - shared
+    gpus = sum(1 for e in spec.executors if e.uses_gpu) - shared
     if gpus > total.get("GPU", 0):
         raise UserError(f"pool {spec.source} needs {gpus} GPUs but the Ray cluster has "
                         f"{int(total.get('GPU', 0))}; use a CPU pool such as actors/cpu2.yaml")
-    cpus = sum(len(e.cores) for e in spec.executors if e.kind != "sim")
+    cpus = sum(len(e.pinned_cores) for e in spec.executors)
     if cpus > total.get("CPU", 0):
         raise UserError(f"pool {spec.source} pins {cpus} cores but the Ray cluster has "
                         f"{int(total.get('CPU', 0))} CPUs; use smaller groups or actors/auto.yaml")

@@ -49,18 +49,18 @@ class PoolSpec:
 
     @property
     def simulated(self) -> bool:
-        return any(EXECUTOR_KINDS[e.kind].simulated for e in self.executors)
+        return any(e.simulated for e in self.executors)
 
     @property
     def gpus_needed(self) -> int:
-        return sum(1 for e in self.executors if e.kind == "gpu")
+        return sum(1 for e in self.executors if e.is_gpu)
 
     def partition_groups(self) -> list[list[int]]:
         """Executor indices that must share a process: the green-context partitions (``sms``) of one
         GPU of one node (kernels of different processes time-slice a GPU instead of sharing it)."""
         groups: dict[tuple, list[int]] = {}
         for i, e in enumerate(self.executors):
-            if e.kind == "gpu" and e.sms:
+            if e.is_gpu and e.sms:
                 groups.setdefault((e.node, e.gpu), []).append(i)
         return list(groups.values())
 
@@ -84,11 +84,12 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
     kind = raw.get("kind")
     if kind not in EXECUTOR_KINDS:
         raise UserError(f"{where}: executor #{index} needs kind: one of {', '.join(EXECUTOR_KINDS)} (got {kind!r})")
+    kind_type = EXECUTOR_KINDS[kind]
     name = str(raw.get("name") or f"{kind}{index}")
-    foreign = [k for k in EXECUTOR_PARAMS if k in raw and k not in EXECUTOR_KINDS[kind].params]
+    foreign = [k for k in EXECUTOR_PARAMS if k in raw and k not in kind_type.params]
     if foreign:
         raise UserError(f"{where}: executor {name}: {foreign[0]} does not apply to {kind} executors; valid for "
-                        f"them: {', '.join(EXECUTOR_KINDS[kind].params)}")
+                        f"them: {', '.join(kind_type.params)}")
     params = validate_params(f"{where}: executor {name}", EXECUTOR_PARAMS,
                              {k: raw[k] for k in EXECUTOR_PARAMS if k in raw})
     params["sms"] = params["sms"] or None
@@ -98,19 +99,15 @@ def _executor(raw: Any, index: int, where: str) -> ExecutorSpec:
         cores = [cores]
     if not isinstance(cores, list) or not all(isinstance(c, int) and c >= 0 for c in cores):
         raise UserError(f"{where}: executor {name}: cores must be a list of core numbers, e.g. [0, 1]")
-    if EXECUTOR_KINDS[kind].needs_cores and not cores:
-        raise UserError(f"{where}: executor {name}: a {kind} executor needs cores, e.g. cores: [0]")
-    gpu = raw.get("gpu", 0 if kind == "gpu" else None)
-    if kind == "gpu" and (not isinstance(gpu, int) or gpu < 0):
-        raise UserError(f"{where}: executor {name}: gpu must be a GPU index like 0")
+    kind_type.check_cores(cores, f"{where}: executor {name}")
+    gpu = kind_type.parse_gpu(raw, f"{where}: executor {name}")
     extra = {"die_after_units": raw["die_after_units"]} if "die_after_units" in raw else {}
     try:
         speed = float(raw.get("speed_ips", 0.0))
         overhead = float(raw.get("overhead_s", 0.0))
     except (TypeError, ValueError):
         raise UserError(f"{where}: executor {name}: speed_ips and overhead_s must be numbers") from None
-    if kind == "sim" and speed <= 0:
-        raise UserError(f"{where}: simulated executor {name} needs speed_ips > 0")
+    kind_type.check_speed(speed, where, name)
     return ExecutorSpec(name=name, kind=kind, cores=tuple(cores), gpu=gpu,
                         node=None if raw.get("node") is None else str(raw["node"]),
                         speed_ips=speed, overhead_s=overhead, needs_gpu=bool(raw.get("needs_gpu", False)),
@@ -214,7 +211,7 @@ def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) ->
 
 def check_local_devices(spec: PoolSpec) -> None:
     """Fails early, in one line, when a pool asks for GPUs or cores this machine does not have."""
-    need = [e for e in spec.executors if e.kind == "gpu" and e.node is None]
+    need = [e for e in spec.executors if e.is_gpu and e.node is None]
     if need:
         have = _local_gpus()
         missing = [e for e in need if (e.gpu or 0) >= have]
