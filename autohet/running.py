@@ -32,7 +32,7 @@ def energy_sources(spec: PoolSpec) -> Sources:
     if spec.simulated:
         reason = "simulated pool: its executors draw no energy"
         return Sources(unavailable={"energy_j": reason, "temp": reason})
-    gpus = sorted({int(e.gpu) for e in spec.executors if e.kind == "gpu" and e.node is None and e.gpu is not None})
+    gpus = sorted({int(e.gpu) for e in spec.executors if e.is_gpu and e.node is None and e.gpu is not None})
     sources = default_sources(gpus)
     remote = sorted({e.node for e in spec.executors if e.node is not None})
     if remote:

@@ -28,7 +28,7 @@ def in_process_ips(model_name: str, spec: ExecutorSpec, workload: Workload, imag
     model = build_model(model_name)
     shape = workload.shape
     batch = spec.batch
-    if spec.kind == "gpu":
+    if spec.is_gpu:
         dev = torch.device("cuda", spec.gpu or 0)
         tf32 = spec.precision == "tf32"
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32

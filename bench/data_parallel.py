@@ -88,7 +88,7 @@ def main() -> None:
         grids = GRIDS if args.grid == "full" else SMALL_GRIDS
     print("pool:", ", ".join(f"{e.name} {e.device}" for e in pool_spec.executors), flush=True)
     modes = [{"on": True, "off": False}[v] for v in args.lookahead.split(",")]
-    gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.kind == "gpu"), 0)
+    gpu_index = next((i for i, e in enumerate(pool_spec.executors) if e.is_gpu), 0)
     rows = []
     for name in models:
         model = ModelSpec(name)

@@ -61,7 +61,7 @@ def engine_for(specs: list[ExecutorSpec]) -> Engine:
 
     devices = []
     for spec in specs:
-        if spec.kind == "gpu":
+        if spec.is_gpu:
             part = sm_partitions(spec.gpu or 0, [spec.sms])[0] if spec.sms else None
             factory = (lambda p=part: p.stream) if part is not None else None
             devices.append(GpuDevice(spec.name, spec.gpu or 0, spec.precision, spec.channels_last, factory, spec.sms))

@@ -61,7 +61,7 @@ def run_grid(model: str, pool_path: str, images: int, gpu_grid: list[dict],
     """The grid's rows, then ``repeats`` more runs of its best valid `single` point."""
     init_ray()
     spec = load_pool(pool_path)
-    first = next((i for i, e in enumerate(spec.executors) if e.kind == "gpu"), 0)
+    first = next((i for i, e in enumerate(spec.executors) if e.is_gpu), 0)
     pool = RayPool(spec)
     rows = []
     again: list[float] = []

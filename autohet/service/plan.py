@@ -88,13 +88,13 @@ def _replica(config: RunConfig, name: str, unit: tuple[int, ...], how: str, batc
         raise UserError(f"{where}: {config.strategy} runs one input over devices on several Ray nodes "
                         f"({', '.join(sorted(nodes))}); the service serves one node's devices per replica: "
                         "tune a config of one node's devices")
-    gpus = len({(e.node, e.gpu) for e in executors if e.kind == "gpu"}) + sum(
-        1 for e in executors if e.kind != "gpu" and e.needs_gpu)
+    gpus = len({(e.node, e.gpu) for e in executors if e.is_gpu}) + sum(
+        1 for e in executors if not e.is_gpu and e.uses_gpu)
     speeds = config.measured.get("executor_ips") or {}
     known = [speeds.get(e.name) for e in executors]
     speed = float(sum(known)) if all(isinstance(v, int | float) and v > 0 for v in known) else None
     return ReplicaSpec(name=re.sub(r"[^A-Za-z0-9_+-]", "_", name), executors=unit, how=how, batching=batching,
-                       cores=sum(len(e.cores) for e in executors if e.kind != "sim"), gpus=gpus,
+                       cores=sum(len(e.pinned_cores) for e in executors), gpus=gpus,
                        node=next(iter(nodes), None), speed_ips=speed, measure=routed and speed is None)
 
 

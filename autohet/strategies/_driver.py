@@ -238,12 +238,11 @@ def drive_measurement(ctx: RunContext, pool: Pool, strategy: str, params: dict[s
     figures, see ``limit_figures``), per-executor figures, the output check."""
     ok, diff, tol, problems = ctx.check(result.outputs, result.coverage, precision_of(pool), pool.simulated)
     throughput = ctx.workload.images / result.wall_s if result.wall_s > 0 else 0.0
-    figures, raised = limit_figures(standalone, result, [e.kind == "cpu" or e.kind == "sim"
-                                                          for e in pool.spec.executors])
+    figures, raised = limit_figures(standalone, result, [e.is_cpu or e.simulated for e in pool.spec.executors])
     limit = float(sum(figures))
     executors = [
         ExecutorReport(spec.name, spec.device, result.images_by_executor[i], result.busy_by_executor[i],
-                       figures[i], spec.kind == "sim", result.died[i])
+                       figures[i], spec.simulated, result.died[i])
         for i, spec in enumerate(pool.spec.executors)
     ]
     extra: dict[str, Any] = {"pool": pool.spec.to_dict()}

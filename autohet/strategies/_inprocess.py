@@ -27,8 +27,8 @@ DEVICES = IntListParam("devices", None, low=0, high=1023,
 def default_devices(spec: PoolSpec) -> list[int]:
     """Every GPU executor (partitions included) and the CPU group with most cores; on a CPU-only
     pool, the two CPU groups with most cores (the engine's numerics need two devices to test)."""
-    gpus = [i for i, e in enumerate(spec.executors) if e.kind == "gpu"]
-    cpus = sorted((i for i, e in enumerate(spec.executors) if e.kind == "cpu"),
+    gpus = [i for i, e in enumerate(spec.executors) if e.is_gpu]
+    cpus = sorted((i for i, e in enumerate(spec.executors) if e.is_cpu),
                   key=lambda i: (-len(spec.executors[i].cores), i))
     return sorted(gpus + cpus[: 1 if gpus else 2])
 

@@ -78,7 +78,7 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
         for name, dim in space.pool.items():
             value = pool.auto.get(name)
             if name == "cpu_group_size" and value in (None, "auto"):  # what auto chose for this pool
-                value = GPU_BOX_GROUP if any(e.kind == "gpu" for e in pool.executors) else 1
+                value = GPU_BOX_GROUP if any(e.is_gpu for e in pool.executors) else 1
             if name == "gpu_partitions" and value is None:  # auto's default: whole GPUs. Left to the
                 value = 1  # sampler, the first points flipped topologies, each restarting the GPU's actor
             if dim.contains(value):
@@ -95,9 +95,9 @@ def _cpu_group(space: SearchSpace, pool: PoolSpec) -> tuple[int, dict[str, Any]]
         from autohet.tuning.manager import regroup
 
         whole = regroup(pool, {"cpu_group_size": "all"})
-        index = next((i for i, e in enumerate(whole.executors) if e.kind == "cpu"), None)
+        index = next((i for i, e in enumerate(whole.executors) if e.is_cpu), None)
         return None if index is None else (index, {"pool.cpu_group_size": "all"})
-    cpus = [i for i, e in enumerate(pool.executors) if e.kind == "cpu"]
+    cpus = [i for i, e in enumerate(pool.executors) if e.is_cpu]
     if not cpus:
         return None
     return max(cpus, key=lambda i: (len(pool.executors[i].cores), -i)), {}
@@ -163,10 +163,10 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
     singles: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(pool.executors):
-        if (e.kind, e.threads) in seen or e.kind == "cpu":
+        if (e.kind, e.threads) in seen or e.is_cpu:
             continue
         seen.add((e.kind, e.threads))
-        if e.kind == "gpu":
+        if e.is_gpu:
             singles += _gpu_singles(space, i, defaults, mode)
         else:
             singles.append({"strategy": "single", "single.executor": i, **defaults})

@@ -93,8 +93,8 @@ class PoolManager:
         """Ends the idle actors that hold a GPU a fresh executor needs. An idle CPU group claims no
         Ray CPUs, but a GPU actor claims its GPU while alive: the whole GPU's actor and the actor of
         its partitions cannot both exist, and a new one would wait for the GPU forever."""
-        wanted = {(i.node, i.gpu) for i in fresh if i.kind == "gpu"}
-        for ident in [i for i in self.live if i.kind == "gpu" and (i.node, i.gpu) in wanted and i not in fresh]:
+        wanted = {(i.node, i.gpu) for i in fresh if i.holds_gpu}
+        for ident in [i for i in self.live if i.holds_gpu and (i.node, i.gpu) in wanted and i not in fresh]:
             self._end(ident)
 
     def _end(self, ident: Identity) -> None:
