@@ -7,7 +7,9 @@ a device's slice of the output channels before the join. A layer *pairs* with th
 partitionable layer (IOP) when that layer reads the chain's end directly (conv -> conv, linear ->
 linear), or through ``flatten(x, 1)`` and parameterless elementwise ops (conv -> ... -> linear:
 channel ``c`` becomes features ``[c*HW, (c+1)*HW)``). Everything else (depthwise and grouped
-convs, residual adds, concatenations, ...) is *whole*: it runs unsplit on one device.
+convs, residual adds, concatenations, ...) is *whole*: it runs unsplit on one device. The op
+kinds and which ops are per-channel (``channel_local``) come from the op table
+(``autohet.partition.OPS``); ``analyse`` is the pure pass: a traced graph in, its layers out.
 
 ``part_module`` builds one device's piece: a layer (or a pair) sliced to a channel range, as a
 small GraphModule over copies of the fx nodes, sharing nothing with the model but read-only

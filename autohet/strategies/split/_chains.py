@@ -10,6 +10,9 @@ topological order, optionally cut once ``max_windows`` convolutions/poolings are
 point where one tensor alone crosses (a long chain's halo grows with its receptive field; a cut
 trades that recompute for one more join). A chain without
 any window op has nothing worth splitting and runs with the rest.
+
+Which ops may be in a chain is the op table's ``row_local`` flag (``autohet.partition.OPS``);
+``analyse`` is the pure pass: a traced graph in, its stages out.
 """
 
 from __future__ import annotations
