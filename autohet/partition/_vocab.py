@@ -26,6 +26,7 @@ from torch import fx, nn
 __all__ = ["OPS", "Kind", "OpKind", "arg_nodes", "aten_name", "getattr_path", "node_module", "node_shape", "op_kind",
            "pair", "tensor_args"]
 
+
 class Kind(StrEnum):
     """What an op computes."""
 
@@ -74,14 +75,14 @@ def _aten(*names: str) -> tuple[str, ...]:
     return tuple(f"aten.{n}{suffix}" for n in names for suffix in ("", "_"))
 
 
-# Three flag sets recur among the unary ops. TRC: every analysis. The others are spellings an
-# older table never listed; each analysis keeps its list as it was, so a model using them keeps its
-# blocks, chains and plans:
+# The unary ops' flag sets. TRC: every analysis. RC and R: spellings an older table never
+# listed; each analysis keeps its list as it was, so a model using them keeps its blocks, chains
+# and plans:
 # - RC, not ``trails``: partition's activation list is the oldest and shortest; listing more
 #   would move its cuts past them (placement and pipeline blocks of models that use them).
 # - R, not ``channel_local`` either: channels never chained these (nn.PReLU has a per-channel
 #   weight channels does not slice; Dropout2d, F.sigmoid, F.tanh, .sigmoid_ and .tanh_ were not listed).
-# aten spellings only ever had ``trails``/``key``: split and channels read module attributes, so
+# T, and ``key`` only at aten spellings: split and channels read module attributes, so
 # they analyse fx module graphs; an exported graph's aten ops are opaque to them.
 _TRC = {"trails": True, "row_local": True, "channel_local": True}
 _RC = {"row_local": True, "channel_local": True}
