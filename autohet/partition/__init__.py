@@ -3,6 +3,10 @@
 ``partition("resnet18")`` traces the model, cuts it after pooling, concatenation and residual
 joins where one tensor crosses the cut, and counts per block its FLOPs (2 x conv/FC
 multiply-accumulates), parameters and output size. ``BlockGraph.run(x)`` reproduces the model.
+
+The graph vocabulary the analyses of fx graphs share (here and in the split and channels
+strategies): ``OPS``, the one op table, ``op_kind`` to look a node up, and the fx helpers
+``node_shape``, ``node_module``, ``pair``, ``tensor_args``, ``arg_nodes``, ``aten_name``.
 """
 
 from __future__ import annotations
@@ -14,8 +18,21 @@ from autohet.errors import UserError
 from autohet.partition._build import build_blocks
 from autohet.partition._graph import Block, BlockGraph, format_count
 from autohet.partition._trace import trace
+from autohet.partition._vocab import (
+    OPS,
+    Kind,
+    OpKind,
+    arg_nodes,
+    aten_name,
+    node_module,
+    node_shape,
+    op_kind,
+    pair,
+    tensor_args,
+)
 
-__all__ = ["Block", "BlockGraph", "format_count", "partition", "trace"]
+__all__ = ["OPS", "Block", "BlockGraph", "Kind", "OpKind", "arg_nodes", "aten_name", "format_count", "node_module",
+           "node_shape", "op_kind", "pair", "partition", "tensor_args", "trace"]
 
 
 def partition(model: str | nn.Module, batch: int = 1, *, seed: int = 0, branches: bool = False,

@@ -7,7 +7,9 @@ a device's slice of the output channels before the join. A layer *pairs* with th
 partitionable layer (IOP) when that layer reads the chain's end directly (conv -> conv, linear ->
 linear), or through ``flatten(x, 1)`` and parameterless elementwise ops (conv -> ... -> linear:
 channel ``c`` becomes features ``[c*HW, (c+1)*HW)``). Everything else (depthwise and grouped
-convs, residual adds, concatenations, ...) is *whole*: it runs unsplit on one device.
+convs, residual adds, concatenations, ...) is *whole*: it runs unsplit on one device. The op
+kinds and which ops are per-channel (``channel_local``) come from the op table
+(``autohet.partition.OPS``); ``analyse`` is the pure pass: a traced graph in, its layers out.
 
 ``part_module`` builds one device's piece: a layer (or a pair) sliced to a channel range, as a
 small GraphModule over copies of the fx nodes, sharing nothing with the model but read-only
@@ -21,22 +23,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
-from autohet.partition import trace
+from autohet.partition import Kind, node_module, node_shape, op_kind, trace
 
 __all__ = ["ChannelGraph", "ChannelLayer", "analyse", "channel_graph", "part_module", "slice_batchnorm",
            "slice_inputs", "slice_outputs", "whole_module"]
-
-_ELEMENTWISE_MODULES = (nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid,
-                        nn.Sigmoid, nn.Tanh, nn.ELU, nn.Dropout, nn.Identity, nn.Hardtanh, nn.Mish)
-_POOL_MODULES = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
-_ELEMENTWISE_FUNCS = {F.relu, torch.relu, F.relu6, F.silu, F.gelu, F.hardswish, F.hardsigmoid, F.dropout,
-                      torch.sigmoid, torch.tanh, F.leaky_relu, F.hardtanh, F.elu, F.mish}
-_POOL_FUNCS = {F.max_pool2d, F.avg_pool2d, F.adaptive_avg_pool2d, F.adaptive_max_pool2d, torch.max_pool2d}
-_ELEMENTWISE_METHODS = {"relu", "relu_", "sigmoid", "tanh", "contiguous"}
-
 
 @dataclass
 class ChannelLayer:
@@ -88,20 +80,14 @@ class ChannelGraph:
         return self.gm.get_submodule(str(node.target))
 
 
-def _shape(node: fx.Node) -> tuple[int, ...] | None:
-    meta = node.meta.get("tensor_meta")
-    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
-
-
-def _module(gm: fx.GraphModule, node: fx.Node) -> nn.Module | None:
-    return gm.get_submodule(str(node.target)) if node.op == "call_module" else None
-
-
 def _layer_kind(gm: fx.GraphModule, node: fx.Node) -> str | None:
-    mod = _module(gm, node)
-    if isinstance(mod, nn.Conv2d) and mod.groups == 1 and _shape(node) is not None and len(_shape(node)) == 4:
+    """conv for a 2-d Conv2d module with groups == 1, linear for a Linear module on 2-d tensors."""
+    mod, op, shape = node_module(gm, node), op_kind(gm, node), node_shape(node)
+    if mod is None or op is None or shape is None:
+        return None
+    if op.kind == Kind.CONV and op.dims == 2 and mod.groups == 1 and len(shape) == 4:
         return "conv"
-    if isinstance(mod, nn.Linear) and _shape(node) is not None and len(_shape(node)) == 2:
+    if op.kind == Kind.LINEAR and len(shape) == 2:
         return "linear"
     return None
 
@@ -112,37 +98,34 @@ def _only_reads(node: fx.Node, prev: fx.Node) -> bool:
 
 
 def _elementwise(gm: fx.GraphModule, node: fx.Node) -> bool:
-    mod = _module(gm, node)
-    if mod is not None:
-        return isinstance(mod, _ELEMENTWISE_MODULES)
-    if node.op == "call_function":
-        return node.target in _ELEMENTWISE_FUNCS
-    return node.op == "call_method" and node.target in _ELEMENTWISE_METHODS
+    """A parameterless elementwise op channels may run on a slice."""
+    op = op_kind(gm, node)
+    return op is not None and op.kind == Kind.ELEMENTWISE and op.channel_local
 
 
 def _per_channel(gm: fx.GraphModule, node: fx.Node) -> bool:
     """Computes each channel (dim 1) from that channel alone: runs on a slice of the channels."""
-    mod = _module(gm, node)
-    if isinstance(mod, nn.BatchNorm1d | nn.BatchNorm2d):
-        return True
-    if isinstance(mod, _POOL_MODULES):
-        return not getattr(mod, "return_indices", False)
-    if node.op == "call_function" and node.target in _POOL_FUNCS:
-        return not node.kwargs.get("return_indices", False)
-    return _elementwise(gm, node)
+    op = op_kind(gm, node)
+    if op is None or not op.channel_local:
+        return False
+    if op.kind == Kind.POOL:
+        mod = node_module(gm, node)
+        return not (getattr(mod, "return_indices", False) if mod is not None
+                    else node.kwargs.get("return_indices", False))
+    return True
 
 
 def _flatten_1(gm: fx.GraphModule, node: fx.Node) -> bool:
     """``flatten(x, 1)`` to the last dim: channel c -> features [c*HW, (c+1)*HW)."""
-    mod = _module(gm, node)
-    if isinstance(mod, nn.Flatten):
+    op = op_kind(gm, node)
+    if op is None or op.kind != Kind.FLATTEN:
+        return False
+    mod = node_module(gm, node)
+    if mod is not None:
         return mod.start_dim == 1 and mod.end_dim == -1
-    if (node.op == "call_function" and node.target is torch.flatten) or (
-            node.op == "call_method" and node.target == "flatten"):
-        start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
-        end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
-        return start == 1 and end == -1
-    return False
+    start = node.args[1] if len(node.args) > 1 else node.kwargs.get("start_dim", 0)
+    end = node.args[2] if len(node.args) > 2 else node.kwargs.get("end_dim", -1)
+    return start == 1 and end == -1
 
 
 def _single_user(node: fx.Node) -> fx.Node | None:
@@ -154,7 +137,7 @@ def _chain(gm: fx.GraphModule, layer: fx.Node) -> list[fx.Node]:
     chain: list[fx.Node] = []
     cur = layer
     while (nxt := _single_user(cur)) is not None and _only_reads(nxt, cur) and _per_channel(gm, nxt) \
-            and _shape(nxt) is not None:
+            and node_shape(nxt) is not None:
         chain.append(nxt)
         cur = nxt
     return chain
@@ -168,7 +151,7 @@ def _bridge(gm: fx.GraphModule, end: fx.Node, nxt_layer: fx.Node | None) -> tupl
     while (user := _single_user(cur)) is not None and _only_reads(user, cur):
         if user is nxt_layer:
             return bridge, flat
-        if not flat and _flatten_1(gm, user) and len(_shape(cur) or ()) == 4:
+        if not flat and _flatten_1(gm, user) and len(node_shape(cur) or ()) == 4:
             flat = True
         elif not (flat and _elementwise(gm, user)):
             return None
@@ -182,20 +165,20 @@ def analyse(gm: fx.GraphModule, batch: int) -> ChannelGraph:
     nodes = [n for n in gm.graph.nodes if n.op in ("call_module", "call_function", "call_method")]
     placeholder = next(n for n in gm.graph.nodes if n.op == "placeholder")
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    found = [n for n in nodes if _layer_kind(gm, n) and _shape(n.all_input_nodes[0]) is not None
+    found = [n for n in nodes if _layer_kind(gm, n) and node_shape(n.all_input_nodes[0]) is not None
              and len(n.all_input_nodes) == 1 and n.args and n.args[0] is n.all_input_nodes[0]]
     layers: list[ChannelLayer] = []
     for k, node in enumerate(found):
         kind = _layer_kind(gm, node)
-        mod = _module(gm, node)
+        mod = node_module(gm, node)
         chain = _chain(gm, node)
         end = chain[-1] if chain else node
         nxt = found[k + 1] if k + 1 < len(found) else None
         bridge = _bridge(gm, end, nxt) if nxt is not None else None
         pairs, spatial = False, 1
         if bridge is not None and nxt is not None:
-            nxt_mod = _module(gm, nxt)
-            end_shape = _shape(end) or ()
+            nxt_mod = node_module(gm, nxt)
+            end_shape = node_shape(end) or ()
             channels = end_shape[1]
             if bridge[1]:
                 spatial = math.prod(end_shape[2:])
@@ -204,12 +187,12 @@ def analyse(gm: fx.GraphModule, batch: int) -> ChannelGraph:
                 pairs = len(end_shape) == 4 and nxt_mod.in_channels == channels
             else:
                 pairs = len(end_shape) == 2 and nxt_mod.in_features == channels
-        raw = _shape(node) or ()
+        raw = node_shape(node) or ()
         weight = tuple(mod.weight.shape)
         layers.append(ChannelLayer(
             index=k, node=node, kind=kind or "", channels=raw[1], chain=chain,
             bridge=bridge[0] if pairs and bridge else [], pairs_next=pairs, spatial=spatial if pairs else 1,
-            in_shape=_shape(node.all_input_nodes[0]) or (), out_shape=_shape(end) or (), raw_shape=raw,
+            in_shape=node_shape(node.all_input_nodes[0]) or (), out_shape=node_shape(end) or (), raw_shape=raw,
             flops=2 * math.prod(raw) * math.prod(weight[1:])))
     return ChannelGraph(gm, nodes, placeholder, output, layers, batch)
 
@@ -274,7 +257,7 @@ def part_module(g: ChannelGraph, layer: ChannelLayer, lo: int, hi: int, pair: Ch
     the bias when ``bias``). Input: the layer's input; output: the slice, or the partial sum."""
     root: dict[str, nn.Module] = {layer.name: slice_outputs(g.module(layer.node), lo, hi)}
     for node in layer.chain:
-        mod = _module(g.gm, node)
+        mod = node_module(g.gm, node)
         if mod is not None:
             root[str(node.target)] = slice_batchnorm(mod, lo, hi) if isinstance(mod, nn.BatchNorm1d |
                                                                                  nn.BatchNorm2d) else mod

@@ -10,36 +10,25 @@ topological order, optionally cut once ``max_windows`` convolutions/poolings are
 point where one tensor alone crosses (a long chain's halo grows with its receptive field; a cut
 trades that recompute for one more join). A chain without
 any window op has nothing worth splitting and runs with the rest.
+
+Which ops may be in a chain is the op table's ``row_local`` flag (``autohet.partition.OPS``);
+``analyse`` is the pure pass: a traced graph in, its stages out.
 """
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import fx, nn
 
 from autohet.errors import UserError
+from autohet.partition import Kind, arg_nodes, node_module, node_shape, op_kind, pair, trace
 from autohet.strategies.split._rows import RowNode, Window
 
-__all__ = ["INPUT", "LocalOp", "SpatialGraph", "Stage", "spatial_graph", "value_name"]
+__all__ = ["INPUT", "LocalOp", "SpatialGraph", "Stage", "analyse", "spatial_graph", "value_name"]
 
 INPUT = "x"  # the program input's name (what the engine's runs feed)
-
-_MAP_MODULES = (
-    nn.BatchNorm2d, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.SiLU, nn.GELU, nn.Hardswish, nn.Hardsigmoid, nn.Sigmoid,
-    nn.Tanh, nn.ELU, nn.Mish, nn.PReLU, nn.Dropout, nn.Dropout2d, nn.Identity, nn.Hardtanh,
-)
-_UNARY_FUNCS = {F.relu, torch.relu, F.relu6, F.hardtanh, F.silu, F.gelu, F.hardswish, F.hardsigmoid, F.sigmoid,
-                torch.sigmoid, torch.tanh, F.tanh, F.dropout, F.leaky_relu, F.elu, F.mish}
-_BINARY_FUNCS = {operator.add, operator.iadd, torch.add, operator.mul, operator.imul, torch.mul, operator.sub,
-                 torch.sub}
-_CAT_FUNCS = {torch.cat, torch.concat, torch.concatenate}
-_MAP_METHODS = {"relu", "relu_", "sigmoid", "sigmoid_", "tanh", "tanh_", "contiguous", "add", "add_", "mul", "mul_"}
-
 
 def value_name(node: fx.Node) -> str:
     """The program value a node writes (the model input is ``x``, as the engine's runs feed it)."""
@@ -96,78 +85,58 @@ class SpatialGraph:
         return self.shapes[value][2]
 
 
-def _shape(node: Any) -> tuple[int, ...] | None:
-    meta = node.meta.get("tensor_meta") if isinstance(node, fx.Node) else None
-    return tuple(meta.shape) if meta is not None and hasattr(meta, "shape") else None
-
-
-def _tensor_args(node: fx.Node) -> list[fx.Node]:
-    out: list[fx.Node] = []
-    fx.node.map_arg((node.args, node.kwargs), out.append)
-    return out
-
-
-def _pair(v: Any) -> tuple[int, int]:
-    return (int(v[0]), int(v[1])) if isinstance(v, tuple | list) else (int(v), int(v))
-
-
 def _conv_window(m: nn.Conv2d) -> Window | None:
     if m.padding_mode != "zeros":
         return None  # reflect/replicate/circular pads read rows of other devices at the borders
-    k, s, d = _pair(m.kernel_size)[0], _pair(m.stride)[0], _pair(m.dilation)[0]
+    k, s, d = pair(m.kernel_size)[0], pair(m.stride)[0], pair(m.dilation)[0]
     if m.padding == "valid":
         return Window(k, s, 0, d)
     if m.padding == "same":
         total = d * (k - 1)
-        wk, wd = _pair(m.kernel_size)[1], _pair(m.dilation)[1]
+        wk, wd = pair(m.kernel_size)[1], pair(m.dilation)[1]
         if total % 2 or (wd * (wk - 1)) % 2:
             return None  # asymmetric 'same' padding
         return Window(k, s, total // 2, d)
-    return Window(k, s, _pair(m.padding)[0], d)
+    return Window(k, s, pair(m.padding)[0], d)
 
 
 def _local_op(gm: fx.GraphModule, node: fx.Node) -> LocalOp | None:
     """The node as a local op, or None when it is not spatially local (it ends a chain)."""
-    shape = _shape(node)
-    args = _tensor_args(node)
+    shape = node_shape(node)
+    args = arg_nodes(node)
     if shape is None or len(shape) != 4 or not args:
         return None
-    if any(a.op == "get_attr" or _shape(a) is None or len(_shape(a)) != 4 for a in args):  # type: ignore[arg-type]
+    if any(a.op == "get_attr" or node_shape(a) is None or len(node_shape(a)) != 4 for a in args):  # type: ignore[arg-type]
+        return None
+    op = op_kind(gm, node)
+    if op is None or not op.row_local:
         return None
     inputs = tuple(dict.fromkeys(value_name(a) for a in args))
     height = shape[2]
-    in_height = _shape(args[0])[2]  # type: ignore[index]
+    in_height = node_shape(args[0])[2]  # type: ignore[index]
     kind, window = "map", None
-    if node.op == "call_module":
-        m = gm.get_submodule(str(node.target))
-        if isinstance(m, nn.Conv2d) and type(m) is nn.Conv2d:
-            kind, window = "conv", _conv_window(m)
-        elif isinstance(m, nn.MaxPool2d) and not m.return_indices:
-            kind, window = "maxpool", Window(_pair(m.kernel_size)[0], _pair(m.stride or m.kernel_size)[0],
-                                             _pair(m.padding)[0], _pair(m.dilation)[0])
-        elif isinstance(m, nn.AvgPool2d):
-            kind, window = "avgpool", Window(_pair(m.kernel_size)[0], _pair(m.stride or m.kernel_size)[0],
-                                             _pair(m.padding)[0])
-        elif not isinstance(m, _MAP_MODULES):
+    m = node_module(gm, node)
+    if op.kind == Kind.CONV:
+        if type(m) is not nn.Conv2d:
+            return None  # a subclass may pad in its own forward: its window is unknown
+        kind, window = "conv", _conv_window(m)
+    elif op.kind == Kind.POOL and op.pool == "max":
+        if m.return_indices:
             return None
-        if kind != "map" and (window is None or len(args) != 1):
+        kind, window = "maxpool", Window(pair(m.kernel_size)[0], pair(m.stride or m.kernel_size)[0],
+                                         pair(m.padding)[0], pair(m.dilation)[0])
+    elif op.kind == Kind.POOL:
+        kind, window = "avgpool", Window(pair(m.kernel_size)[0], pair(m.stride or m.kernel_size)[0],
+                                         pair(m.padding)[0])
+    elif op.kind == Kind.CAT:
+        dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
+        if dim not in (1, -3) or any(node_shape(a)[2] != height for a in args):  # type: ignore[index]
             return None
-    elif node.op == "call_function":
-        if node.target in _CAT_FUNCS:
-            dim = node.kwargs.get("dim", node.args[1] if len(node.args) > 1 else 0)
-            if dim not in (1, -3) or any(_shape(a)[2] != height for a in args):  # type: ignore[index]
-                return None
-        elif node.target in _UNARY_FUNCS or node.target in _BINARY_FUNCS:
-            if any(_shape(a) != shape for a in args):
-                return None  # a broadcast operand (squeeze-excitation scale) is not row-local
-        else:
-            return None
-    elif node.op == "call_method":
-        if node.target not in _MAP_METHODS or any(_shape(a) != shape for a in args):
-            return None
-    else:
+    elif m is None and any(node_shape(a) != shape for a in args):
+        return None  # a broadcast operand (squeeze-excitation scale) is not row-local
+    if kind != "map" and (window is None or len(args) != 1):
         return None
-    if kind == "map" and any(_shape(a)[2] != height for a in args):  # type: ignore[index]
+    if kind == "map" and any(node_shape(a)[2] != height for a in args):  # type: ignore[index]
         return None
     return LocalOp(node, kind, RowNode(value_name(node), inputs, height, window, in_height if window else 0))
 
@@ -193,17 +162,20 @@ def _narrow_points(order: list[fx.Node]) -> set[int]:
 def spatial_graph(model: nn.Module, example: torch.Tensor, max_windows: int = 0) -> SpatialGraph:
     """The model's stages. ``example`` (batch 1) gives the shapes; ``max_windows`` > 0 cuts chains
     holding that many convolutions/poolings where one tensor crosses."""
-    from autohet.partition import trace
-
     gm, tracer = trace(model, example)
+    return analyse(gm, max_windows, tracer)
+
+
+def analyse(gm: fx.GraphModule, max_windows: int = 0, tracer: str = "fx") -> SpatialGraph:
+    """The stages of a traced graph with shape meta (batch 1): an fx graph in, its row plan out."""
     nodes = list(gm.graph.nodes)
     if sum(n.op == "placeholder" for n in nodes) != 1:
         raise UserError("the row-split strategies need a model with one input tensor")
     out_node = next(n for n in nodes if n.op == "output")
     result = out_node.args[0]
-    if not isinstance(result, fx.Node) or _shape(result) is None:
+    if not isinstance(result, fx.Node) or node_shape(result) is None:
         raise UserError("the row-split strategies need a model that returns one tensor")
-    shapes = {value_name(n): _shape(n) for n in nodes if _shape(n) is not None}
+    shapes = {value_name(n): node_shape(n) for n in nodes if node_shape(n) is not None}
     order = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
     narrow = _narrow_points(order)
     groups: list[tuple[str, list[fx.Node], list[LocalOp]]] = []
@@ -235,8 +207,8 @@ def spatial_graph(model: nn.Module, example: torch.Tensor, max_windows: int = 0)
     stages = []
     for k, (kind, members, ops) in enumerate(merged):
         inside = {value_name(n) for n in members}
-        reads = [value_name(a) for n in members for a in _tensor_args(n) if a.op != "get_attr"]
-        later = {value_name(a) for _, ms, _ in merged[k + 1:] for n in ms for a in _tensor_args(n)} | {output}
+        reads = [value_name(a) for n in members for a in arg_nodes(n) if a.op != "get_attr"]
+        later = {value_name(a) for _, ms, _ in merged[k + 1:] for n in ms for a in arg_nodes(n)} | {output}
         stages.append(Stage(kind, members, ops, tuple(dict.fromkeys(v for v in reads if v not in inside)),
                             tuple(v for v in (value_name(n) for n in members) if v in later)))
     return SpatialGraph(gm, stages, shapes, output, tracer)  # type: ignore[arg-type]
