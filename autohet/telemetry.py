@@ -26,10 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RAPL_ROOT", "THERMAL_ROOT", "CoolWait", "EnergyCounter", "EnergyMeter", "EnergyResult", "Gauge", "Sources",
-           "TemperatureWatch", "default_sources", "nvml_sources", "psutil_temperatures", "rapl_counters",
-           "read_temperatures", "sysfs_temperatures", "temperature_violation",
-           "wait_cool"]
+__all__ = ["RAPL_ROOT", "THERMAL_ROOT", "EnergyCounter", "EnergyMeter", "EnergyResult", "Gauge", "Sources",
+           "TemperatureWatch", "default_sources", "nvml_module", "nvml_sources", "psutil_temperatures",
+           "rapl_counters", "read_temperatures", "sysfs_temperatures"]
 
 RAPL_ROOT = Path("/sys/class/powercap")
 THERMAL_ROOT = Path("/sys/class/thermal")
@@ -106,7 +105,7 @@ def rapl_counters(root: Path | str = RAPL_ROOT) -> Sources:
 _NVML: dict[str, Any] = {}
 
 
-def _nvml_module() -> Any:
+def nvml_module() -> Any:
     """pynvml, initialised once per process; raises RuntimeError with the reason it cannot be."""
     if "module" not in _NVML:
         try:
@@ -135,7 +134,7 @@ def nvml_sources(gpus: Sequence[int], nvml: Any = None) -> Sources:
     if not gpus:
         return Sources()
     try:
-        nv = nvml if nvml is not None else _nvml_module()
+        nv = nvml if nvml is not None else nvml_module()
     except RuntimeError as exc:
         return Sources(unavailable={"energy_gpu": str(exc), "temp_gpu": str(exc)})
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]

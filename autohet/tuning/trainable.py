@@ -308,7 +308,7 @@ def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpe
 
     if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:
         return
-    from autohet.strategies._inprocess import default_devices
+    from autohet.strategies import default_devices
 
     indices = [i for i in (params.get("devices") or default_devices(spec)) if 0 <= i < len(spec.executors)]
     chosen = [spec.executors[i] for i in indices]

@@ -58,7 +58,7 @@ def strategy_sizes(strategy: str, model: ModelSpec, pool: PoolSpec) -> dict[str,
 def space_context(space: SearchSpace, pool: PoolSpec, model: ModelSpec, pool_dims: bool) -> SpaceContext:
     """Sizes of the space's vectors: the pool's executors and in-process devices, and what each
     strategy of the space declares (``Strategy.space_sizes``; only for the vectors the space searches)."""
-    from autohet.strategies._inprocess import default_devices
+    from autohet.strategies import default_devices
 
     kinds = frozenset(e.kind for e in pool.executors)
     sizes = {"executors": _max_pool_size(pool, space, pool_dims), "devices": len(default_devices(pool))}
