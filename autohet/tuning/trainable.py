@@ -29,8 +29,8 @@ from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
 from autohet.running import energy_sources, run_strategy
 from autohet.strategies import get_strategy
-from autohet.telemetry import wait_cool
 from autohet.tuning.space import SearchSpace
+from autohet.tuning.thermal import too_hot, wait_cool
 from autohet.workload import Workload
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing",
@@ -130,10 +130,8 @@ def trial_status(m: Measurement, max_temp: float | None) -> tuple[str, str | Non
         return "invalid", "; ".join(m.failures)[:500]
     if m.extra.get("violation"):
         return "violation", str(m.extra["violation"])[:500]
-    hottest = (m.extra.get("energy") or {}).get(TrialKey.TEMP_MAX)
-    if max_temp is not None and hottest is not None and hottest > max_temp:
-        return "violation", f"max temperature {hottest:.1f} C during the run is above --max-temp {max_temp:g} C"
-    return "ok", None
+    hot = too_hot((m.extra.get("energy") or {}).get(TrialKey.TEMP_MAX), max_temp)
+    return ("violation", hot) if hot else ("ok", None)
 
 
 def _cool(setup: TrialSetup, phases: dict[str, float], notes: dict[str, str]) -> None:
