@@ -76,6 +76,10 @@ class RunContext:
         """The same context over the first ``images`` images of the same bank (reference kept)."""
         return replace(self, workload=Workload(self.workload.bank, images))
 
+    def references(self) -> dict[str, np.ndarray]:
+        """The reference outputs computed so far, by sample (a copy): what another context can start from."""
+        return dict(self._reference)
+
     def reference(self, indices: np.ndarray, simulated: bool) -> np.ndarray:
         """Single-device fp32 CPU outputs for ``indices`` (cached per run context)."""
         key = f"{simulated}:{len(indices)}:{hash(indices.tobytes())}"

@@ -17,7 +17,7 @@ from typing import TypeVar
 from autohet.errors import UserError, unknown_name
 
 __all__ = ["ENERGY", "LATENCY", "OBJECTIVES", "PRIMARY_METRIC", "RUN_MODES", "THROUGHPUT", "Objective", "ObjectiveSet",
-           "RunMode"]
+           "RunMode", "TrialKey"]
 
 T = TypeVar("T")
 
@@ -49,8 +49,53 @@ class RunMode(str, Enum):
 
 RUN_MODES = tuple(RunMode)
 
+class TrialKey:
+    """The keys of a trial's figures as the trial reports them to Tune and MLflow logs them, spelled once."""
+
+    THROUGHPUT = "throughput_ips"
+    LIMIT = "limit_ips"
+    EFFICIENCY = "efficiency"
+    MAX_ABS_DIFF = "max_abs_diff"
+    WALL = "wall_s"
+    IMAGES = "images"
+    SIMULATED = "simulated"
+    LATENCY_P50 = "latency_p50_ms"
+    ENERGY_PER_IMAGE = "energy_j_per_image"  # these three: ``telemetry.EnergyResult``'s figures
+    POWER_AVG = "power_avg_w"
+    TEMP_MAX = "temp_max_c"
+    PRIMARY = "objective_value"  # the first objective's figure, as the searcher reads it
+    BEST_PRIMARY = "best_objective_value"  # the parent run's: the best trial's PRIMARY
+    PHASE_PREFIX = "time."  # where a trial's seconds went: ``phase(name)``
+    ACQUIRE = "time.acquire_s"
+    STANDALONE = "time.standalone_s"
+    COOL = "time.cool_s"
+    COMPILE = "time.compile_s"
+    TRIAL = "time.trial_s"
+    RUN = "time.run_s"
+
+    @staticmethod
+    def latency(stat: str) -> str:
+        """A latency percentile's key: ``latency("p95")`` is ``latency_p95_ms``."""
+        return f"latency_{stat}_ms"
+
+    @staticmethod
+    def objective(name: str) -> str:
+        """An objective's figure as the searcher reads it: ``objective.<name>``."""
+        return f"objective.{name}"
+
+    @staticmethod
+    def share(executor: str) -> str:
+        """The share of the images an executor ran."""
+        return f"share.{executor}"
+
+    @staticmethod
+    def busy(executor: str) -> str:
+        """The share of the run's wall time an executor was busy."""
+        return f"busy.{executor}"
+
+
 # The first objective's figure as the searcher reads it in a trial's results (and MLflow logs it).
-PRIMARY_METRIC = "objective_value"
+PRIMARY_METRIC = TrialKey.PRIMARY
 
 
 @dataclass(frozen=True)
@@ -66,7 +111,7 @@ class Objective:
     @property
     def key(self) -> str:
         """This objective's figure as the searcher reads it in a trial's results (and MLflow logs it)."""
-        return f"objective.{self.name}"
+        return TrialKey.objective(self.name)
 
     @property
     def worst(self) -> float:
@@ -95,9 +140,9 @@ class Objective:
         return max(items) if self.direction == "max" else min(items)
 
 
-THROUGHPUT = Objective("throughput", "max", "img/s", "throughput_ips", RunMode.THROUGHPUT)
-LATENCY = Objective("latency", "min", "ms p50", "latency_p50_ms", RunMode.LATENCY)
-ENERGY = Objective("energy", "min", "J/img", "energy_j_per_image", None)
+THROUGHPUT = Objective("throughput", "max", "img/s", TrialKey.THROUGHPUT, RunMode.THROUGHPUT)
+LATENCY = Objective("latency", "min", "ms p50", TrialKey.LATENCY_P50, RunMode.LATENCY)
+ENERGY = Objective("energy", "min", "J/img", TrialKey.ENERGY_PER_IMAGE, None)
 OBJECTIVES: dict[str, Objective] = {o.name: o for o in (THROUGHPUT, LATENCY, ENERGY)}
 
 

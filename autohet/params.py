@@ -1,9 +1,12 @@
 """Declared parameters of strategies and executors: one class per kind, each checks its own values.
 
-Parameters are data: a kind, a default and a valid range or set of choices. A search space
-(``autohet.tuning.dims``) names the same parameters and asks each one whether the values it
-would suggest are valid (``contains``), so a space cannot search outside what a strategy accepts.
-An unknown name or a value out of range is an error that lists what is valid (never dropped).
+Parameters are data: a kind, a default and a valid range or set of choices. ``validate_params``
+fills the defaults and converts and checks every given value (``Param.coerce``). A search space
+file may only name declared parameters, and its loader (``autohet.tuning.space``) coerces the ends
+of each int/float dim and every choice of a categorical dim, so those cannot suggest a value the
+parameter refuses; vector dims are not checked against the parameter there.
+``contains`` says whether a value is valid as given, with no conversion. An unknown name or a value
+out of range is an error that lists what is valid (never dropped).
 """
 
 from __future__ import annotations

@@ -9,8 +9,10 @@ be read is recorded as unavailable with its reason, never as 0: a 0 would win an
 ``EnergyMeter`` reads the counters at the start and end of a run and samples them (and the
 temperatures and clocks) on a light thread in between. The samples let the run's timed part be
 charged with the energy of its own length rather than of everything the strategy did around it
-(warm-up, a placement search): see ``EnergyMeter.result``. Base layer: nothing of autohet is
-imported here, and pynvml and psutil only when first used.
+(warm-up, a placement search): see ``EnergyMeter.result``. ``TemperatureWatch`` records every
+readable temperature over a run. What to do with the readings (a bound, cooling between trials)
+is policy and lives above: ``autohet.strategies.thermal``, ``autohet.tuning.thermal``. Base layer:
+nothing of autohet is imported here, and pynvml and psutil only when first used.
 """
 
 from __future__ import annotations
@@ -26,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RAPL_ROOT", "THERMAL_ROOT", "CoolWait", "EnergyCounter", "EnergyMeter", "EnergyResult", "Gauge", "Sources",
-           "TemperatureWatch", "default_sources", "nvml_sources", "psutil_temperatures", "rapl_counters",
-           "read_temperatures", "sysfs_temperatures", "temperature_violation",
-           "wait_cool"]
+__all__ = ["RAPL_ROOT", "THERMAL_ROOT", "EnergyCounter", "EnergyMeter", "EnergyResult", "Gauge", "Sources",
+           "TemperatureWatch", "default_sources", "nvml_module", "nvml_sources", "psutil_temperatures",
+           "rapl_counters", "read_temperatures", "sysfs_temperatures"]
 
 RAPL_ROOT = Path("/sys/class/powercap")
 THERMAL_ROOT = Path("/sys/class/thermal")
@@ -106,7 +107,7 @@ def rapl_counters(root: Path | str = RAPL_ROOT) -> Sources:
 _NVML: dict[str, Any] = {}
 
 
-def _nvml_module() -> Any:
+def nvml_module() -> Any:
     """pynvml, initialised once per process; raises RuntimeError with the reason it cannot be."""
     if "module" not in _NVML:
         try:
@@ -135,7 +136,7 @@ def nvml_sources(gpus: Sequence[int], nvml: Any = None) -> Sources:
     if not gpus:
         return Sources()
     try:
-        nv = nvml if nvml is not None else _nvml_module()
+        nv = nvml if nvml is not None else nvml_module()
     except RuntimeError as exc:
         return Sources(unavailable={"energy_gpu": str(exc), "temp_gpu": str(exc)})
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
@@ -480,7 +481,7 @@ def _busiest(trace: list[tuple[float, dict[str, float]]], names: list[str], span
     return out
 
 
-# ---------------------------------------------------------------- a bound on temperature (seed 003)
+# ---------------------------------------------------------------- temperatures over a run
 
 
 class TemperatureWatch:
@@ -528,54 +529,6 @@ class TemperatureWatch:
         if not out:
             out["unavailable"] = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "no temperature sensor"
         return out
-
-
-def temperature_violation(report: dict[str, Any], max_temp: float | None) -> str | None:
-    """Why a run broke ``max_temp`` (a device measured above it), or None (also when nothing was readable:
-    an unchecked bound is not a violation; the report says why it could not be checked)."""
-    if max_temp is None:
-        return None
-    hot = {name: r["max_c"] for name, r in report.items() if isinstance(r, dict) and r.get("max_c") is not None
-           and r["max_c"] > max_temp}
-    if not hot:
-        return None
-    worst = max(hot, key=lambda n: hot[n])
-    return f"temperature: {worst} reached {hot[worst]:.1f} °C, above max_temp {max_temp:g} °C"
-
-
-# ---------------------------------------------------------------- cooling between trials
-
-
-@dataclass
-class CoolWait:
-    """How a wait for the devices to cool ended: seconds waited, the last hottest reading, a note
-    when it could not wait (no sensor) or gave up at the cap."""
-
-    waited_s: float
-    temp_c: float | None
-    note: str | None = None
-
-
-def wait_cool(sources: Sources, below_c: float, cap_s: float, clock: Callable[[], float] = time.monotonic,
-              sleep: Callable[[float], None] = time.sleep, poll_s: float = 1.0) -> CoolWait:
-    """Waits until the hottest readable temperature is at most ``below_c``, at most ``cap_s``."""
-    start = clock()
-    temps, failed = read_temperatures(sources)
-    if not temps:
-        reasons = {k: v for k, v in {**sources.unavailable, **failed}.items() if k.startswith("temp")}
-        why = "; ".join(f"{k}: {v}" for k, v in reasons.items()) or "no temperature sensor"
-        return CoolWait(0.0, None, f"not waiting to cool: no temperature readable ({why})")
-    hottest = max(temps.values())
-    while hottest > below_c:
-        if clock() - start >= cap_s:
-            return CoolWait(clock() - start, hottest, f"still {hottest:.0f} C after {cap_s:.0f} s of cooling "
-                                                      f"(wanted {below_c:.0f} C): ran anyway")
-        sleep(poll_s)
-        temps, _ = read_temperatures(sources)
-        if not temps:
-            break
-        hottest = max(temps.values())
-    return CoolWait(clock() - start, hottest)
 
 
 # ---------------------------------------------------------------- helpers

@@ -25,7 +25,7 @@ from autohet.context import TOLERANCE, tolerance_for
 from autohet.engine import build_engine
 from autohet.models import ModelSpec, build_model, input_shape
 from autohet.pool import detect_executors
-from autohet.strategies.channels._session import ChannelsSession
+from autohet.strategies.channels import ChannelsSession
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import describe_machine, emit
 

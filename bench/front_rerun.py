@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--tracking-uri")
     parser.add_argument("--out")
     args = parser.parse_args()
-    from autohet.tracking._store import experiment_runs
+    from autohet.tracking import experiment_runs
 
     _, _, runs = experiment_runs(args.experiment, args.tracking_uri)
     points = [r for r in runs if r.data.tags.get("pareto") == "true"]

@@ -19,7 +19,7 @@ import torch
 
 from autohet.executors.green import sm_partitions
 from autohet.models import build_model, input_shape
-from autohet.telemetry import _nvml_module
+from autohet.telemetry import nvml_module
 
 
 def measured(model: Any, x: torch.Tensor, stream: Any, seconds: float, handle: Any, nv: Any) -> dict[str, float]:
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--sms", default="96,64,32,16,8", help="partition sizes to try after the whole GPU")
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    nv = _nvml_module()
+    nv = nvml_module()
     handle = nv.nvmlDeviceGetHandleByIndex(0)
     dev = torch.device("cuda", 0)
     torch.backends.cudnn.benchmark = True

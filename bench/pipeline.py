@@ -31,7 +31,7 @@ from autohet.models import ModelSpec, input_shape
 from autohet.pool import LocalPool, PoolSpec, RayPool, detect_executors, load_pool
 from autohet.running import run_strategy
 from autohet.strategies import get_strategy
-from autohet.strategies.pipeline._job import PipelineJob
+from autohet.strategies.pipeline import PipelineJob
 from autohet.strategies.pipeline.strategy import default_batch
 from autohet.workload import Workload, WorkloadSpec
 from bench._common import emit

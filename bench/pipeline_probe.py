@@ -47,8 +47,15 @@ from autohet.engine import CpuDevice, Engine, GpuDevice, Program, pinned_host, s
 from autohet.heap import Collections, settle
 from autohet.models import ModelSpec, input_shape
 from autohet.planners.stages import boundary_bytes, boundary_values
-from autohet.strategies.pipeline._job import measure_stage, stage_programs, steady_frame_seconds
-from autohet.strategies.pipeline._plan import StagePrograms, given_stage_plan, model_graph, value_shapes
+from autohet.strategies.pipeline import (
+    StagePrograms,
+    given_stage_plan,
+    measure_stage,
+    model_graph,
+    stage_programs,
+    steady_frame_seconds,
+    value_shapes,
+)
 from autohet.workload import Workload, WorkloadSpec
 
 

@@ -55,10 +55,7 @@ def chain_sweep(engine: Any, model: str, names: list[str], runs: int, max_window
     import torch
 
     from autohet.models import build_model, input_shape
-    from autohet.strategies.split._chains import spatial_graph
-    from autohet.strategies.split._job import step_seconds
-    from autohet.strategies.split._programs import StagePrograms
-    from autohet.strategies.split._slabs import DeviceModel, capture
+    from autohet.strategies.split import DeviceModel, StagePrograms, capture, spatial_graph, step_seconds
 
     module = build_model(model)
     x = torch.randn((1, *input_shape(model)), generator=torch.Generator().manual_seed(0))

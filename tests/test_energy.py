@@ -18,6 +18,7 @@ import yaml
 from autohet import telemetry
 from autohet.measurement import Measurement
 from autohet.telemetry import EnergyCounter, EnergyMeter, Gauge, Sources
+from autohet.tuning.thermal import wait_cool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -268,16 +269,16 @@ def test_wait_cool_waits_for_the_margin_caps_and_skips_without_sensors():
     clock = Clock()
     readings = iter([90.0, 85.0, 78.0, 74.0, 99.0])
     sources = Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": next(readings)})])
-    cooled = telemetry.wait_cool(sources, below_c=75.0, cap_s=60.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
+    cooled = wait_cool(sources, below_c=75.0, cap_s=60.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
     assert (cooled.waited_s, cooled.temp_c, cooled.note) == (3.0, 74.0, None)
 
     clock = Clock()
     hot = Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": 90.0})])
-    capped = telemetry.wait_cool(hot, below_c=75.0, cap_s=5.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
+    capped = wait_cool(hot, below_c=75.0, cap_s=5.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
     assert capped.waited_s == 5.0 and "still 90 C after 5 s" in capped.note
 
-    none = telemetry.wait_cool(Sources(unavailable={"temp_host": "psutil.sensors_temperatures() is empty"}), 75.0,
-                               60.0, clock=clock, sleep=clock.sleep)
+    none = wait_cool(Sources(unavailable={"temp_host": "psutil.sensors_temperatures() is empty"}), 75.0,
+                     60.0, clock=clock, sleep=clock.sleep)
     assert none.waited_s == 0.0 and "no temperature readable (temp_host: psutil" in none.note
 
 

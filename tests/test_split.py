@@ -19,6 +19,7 @@ from autohet.running import run_strategy
 from autohet.strategies.split._chains import spatial_graph
 from autohet.strategies.split._programs import StagePrograms, coedge_groups
 from autohet.strategies.split._rows import RowNode, Window, needs, pieces, split_rows
+from autohet.strategies.thermal import temperature_violation
 from autohet.workload import Workload, WorkloadSpec
 
 # --- the row arithmetic -------------------------------------------------------------------------------
@@ -280,7 +281,7 @@ def test_temperature_unavailable_says_why(tmp_path):
         pass
     report = watch.report()
     assert "is empty" in report["unavailable"] and "no readable thermal zone" in report["unavailable"]
-    assert telemetry.temperature_violation(report, 10.0) is None  # unreadable: not checked, not a violation
+    assert temperature_violation(report, 10.0) is None  # unreadable: not checked, not a violation
 
 
 def test_temperature_from_sysfs_and_a_violation(tmp_path, monkeypatch):

@@ -10,7 +10,7 @@ import yaml
 
 from autohet.config import load_config, write_config
 from autohet.errors import UserError
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import ObjectiveSet, TrialKey
 from autohet.tracking._store import trial_runs
 from autohet.tracking._summary import front, run_status, summarize
 
@@ -99,7 +99,7 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
         fig = comparison_figure({r["strategy"]: r["best"] for r in valid}, objectives.primary.metric,
                                 f"{experiment}: best valid trial per strategy")
         client.log_figure(parent_id, fig, "comparison.png")
-        client.log_metric(parent_id, "best_objective_value", float(best_row["best"]))
+        client.log_metric(parent_id, TrialKey.BEST_PRIMARY, float(best_row["best"]))
         client.set_tag(parent_id, "best_run_id", best_row["run_id"])
         client.set_tag(parent_id, "best_strategy", best_row["strategy"])
     return TuneOutcome(experiment, parent_id, best_path, best, rows, len(runs), front_rows, front_note)

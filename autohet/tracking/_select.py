@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autohet.errors import UserError
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import ENERGY, LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
 from autohet.tracking._summary import run_status
 
 __all__ = ["CONSTRAINTS", "Constraint", "constraints_from", "pick_trial"]
@@ -40,9 +40,9 @@ class Constraint:
 
 # keyword -> the bound it sets (power_avg_w: all readable devices, over the run's timed seconds)
 CONSTRAINTS = {
-    "max_watts": Constraint("--max-watts", "power_avg_w", True, "W"),
-    "min_ips": Constraint("--min-ips", "throughput_ips", False, "img/s"),
-    "max_ms": Constraint("--max-ms", "latency_p50_ms", True, "ms p50"),
+    "max_watts": Constraint("--max-watts", TrialKey.POWER_AVG, True, "W"),
+    "min_ips": Constraint("--min-ips", THROUGHPUT.metric, False, THROUGHPUT.unit),
+    "max_ms": Constraint("--max-ms", LATENCY.metric, True, LATENCY.unit),
 }
 
 
@@ -62,9 +62,9 @@ def constraints_from(given: dict[str, float | None]) -> list[Constraint]:
 
 def _why_unmeasured(runs: list[Any], metric: str, objectives: ObjectiveSet) -> str:
     """What the trials say about a figure they lack: their unavailable.* tags for it, if any."""
-    if metric == "latency_p50_ms" and not objectives.mode.per_request:
+    if metric == LATENCY.metric and not objectives.mode.per_request:
         return f"a {objectives.name} tune times no batch-1 requests: tune with --objective latency or latency,energy"
-    family = "energy" if metric in ("power_avg_w", "energy_j_per_image") else metric.split("_")[0]
+    family = "energy" if metric in (TrialKey.POWER_AVG, ENERGY.metric) else metric.split("_")[0]
     reasons = sorted({f"{k.split('.', 1)[1]}: {v}" for r in runs for k, v in r.data.tags.items()
                       if k.startswith(f"unavailable.{family}")})
     return "; ".join(reasons[:3]) if reasons else "no trial recorded it"

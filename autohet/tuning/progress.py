@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import ObjectiveSet, TrialKey
 from autohet.tracking import STATUSES
 
 __all__ = ["Progress"]
@@ -32,10 +32,11 @@ class Progress:
         if status != "killed":
             self.done += 1
         for key, value in result.items():
-            if key.startswith("time.") and isinstance(value, int | float):
-                self.seconds[key[5:]] = self.seconds.get(key[5:], 0.0) + float(value)
+            if key.startswith(TrialKey.PHASE_PREFIX) and isinstance(value, int | float):
+                phase = key[len(TrialKey.PHASE_PREFIX):]
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + float(value)
         self.seconds["mlflow_log_s"] = self.seconds.get("mlflow_log_s", 0.0) + logging_s
-        self.status_seconds[status] = self.status_seconds.get(status, 0.0) + float(result.get("time.trial_s", 0.0))
+        self.status_seconds[status] = self.status_seconds.get(status, 0.0) + float(result.get(TrialKey.TRIAL, 0.0))
         primary = self.objectives.primary
         value = primary.value(result) if status == "ok" else None
         if value is not None and (self.best is None or primary.better(value, self.best[0])):

@@ -25,12 +25,12 @@ from autohet.context import RunContext
 from autohet.errors import RunTimeout, UserError
 from autohet.measurement import Measurement
 from autohet.models import ModelSpec
-from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
+from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
 from autohet.running import energy_sources, run_strategy
 from autohet.strategies import get_strategy
-from autohet.telemetry import wait_cool
 from autohet.tuning.space import SearchSpace
+from autohet.tuning.thermal import too_hot, wait_cool
 from autohet.workload import Workload
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing",
@@ -99,18 +99,18 @@ class TrialSetup:
 def trial_metrics(m: Measurement) -> dict[str, Any]:
     """The flat numbers reported to Tune (and logged to MLflow) for a measured trial: only figures
     that were measured (a latency run has no limit and no efficiency)."""
-    out: dict[str, Any] = {"throughput_ips": m.throughput_ips, "max_abs_diff": m.max_abs_diff, "wall_s": m.wall_s,
-                           "images": m.images, "simulated": int(m.simulated)}
+    out: dict[str, Any] = {TrialKey.THROUGHPUT: m.throughput_ips, TrialKey.MAX_ABS_DIFF: m.max_abs_diff,
+                           TrialKey.WALL: m.wall_s, TrialKey.IMAGES: m.images, TrialKey.SIMULATED: int(m.simulated)}
     if m.limit_ips is not None:
-        out.update(limit_ips=m.limit_ips, efficiency=m.efficiency)
+        out.update({TrialKey.LIMIT: m.limit_ips, TrialKey.EFFICIENCY: m.efficiency})
     for key in ("p50", "p95"):
         if key in m.latency_ms:
-            out[f"latency_{key}_ms"] = m.latency_ms[key]
+            out[TrialKey.latency(key)] = m.latency_ms[key]
     out.update({k: v for k, v in (m.extra.get("energy") or {}).items() if isinstance(v, int | float)})
     total = sum(e.images for e in m.executors) or 1
     for e in m.executors:
-        out[f"share.{e.name}"] = e.images / total
-        out[f"busy.{e.name}"] = e.busy_s / m.wall_s if m.wall_s > 0 else 0.0
+        out[TrialKey.share(e.name)] = e.images / total
+        out[TrialKey.busy(e.name)] = e.busy_s / m.wall_s if m.wall_s > 0 else 0.0
     return out
 
 
@@ -130,10 +130,8 @@ def trial_status(m: Measurement, max_temp: float | None) -> tuple[str, str | Non
         return "invalid", "; ".join(m.failures)[:500]
     if m.extra.get("violation"):
         return "violation", str(m.extra["violation"])[:500]
-    hottest = (m.extra.get("energy") or {}).get("temp_max_c")
-    if max_temp is not None and hottest is not None and hottest > max_temp:
-        return "violation", f"max temperature {hottest:.1f} C during the run is above --max-temp {max_temp:g} C"
-    return "ok", None
+    hot = too_hot((m.extra.get("energy") or {}).get(TrialKey.TEMP_MAX), max_temp)
+    return ("violation", hot) if hot else ("ok", None)
 
 
 def _cool(setup: TrialSetup, phases: dict[str, float], notes: dict[str, str]) -> None:
@@ -141,7 +139,7 @@ def _cool(setup: TrialSetup, phases: dict[str, float], notes: dict[str, str]) ->
     if setup.max_temp is None or setup.pool_spec is None:
         return
     cooled = wait_cool(energy_sources(setup.pool_spec), setup.max_temp - setup.cool_margin_c, setup.cool_max_s)
-    phases["time.cool_s"] = cooled.waited_s
+    phases[TrialKey.COOL] = cooled.waited_s
     if cooled.note:
         notes["cooling"] = cooled.note
 
@@ -158,7 +156,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
     strategy, params, exec_params, pool_params = SearchSpace.decode(config)
     manager = ray.get_actor(setup.manager_name, namespace="autohet")
-    phases = {"time.acquire_s": 0.0, "time.standalone_s": 0.0}  # where a trial's seconds go
+    phases = {TrialKey.ACQUIRE: 0.0, TrialKey.STANDALONE: 0.0}  # where a trial's seconds go
     started = time.perf_counter()
     objectives = setup.objectives
     notes: dict[str, str] = {}  # figure -> why it was not read (MLflow tags unavailable.<figure>)
@@ -169,12 +167,12 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         try:
             return ray.get(manager.standalone.remote(setup.standalone_seconds, share))
         finally:
-            phases["time.standalone_s"] += time.perf_counter() - t0
+            phases[TrialKey.STANDALONE] += time.perf_counter() - t0
 
     def finish(result: dict[str, Any]) -> dict[str, Any]:
-        phases["time.trial_s"] = time.perf_counter() - started
-        phases["time.run_s"] = (phases["time.trial_s"] - phases["time.acquire_s"] - phases["time.standalone_s"]
-                                - phases.get("time.cool_s", 0.0))
+        phases[TrialKey.TRIAL] = time.perf_counter() - started
+        phases[TrialKey.RUN] = (phases[TrialKey.TRIAL] - phases[TrialKey.ACQUIRE] - phases[TrialKey.STANDALONE]
+                                - phases.get(TrialKey.COOL, 0.0))
         result.update(phases)
         if notes or result.get("unavailable"):
             result["unavailable"] = {**notes, **(result.get("unavailable") or {})}
@@ -185,8 +183,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
     except UserError as exc:
         return finish(_ended("refused", strategy, params, str(exc)))
-    phases["time.acquire_s"] = time.perf_counter() - started - phases.get("time.cool_s", 0.0)
-    phases["time.compile_s"] = compile_s
+    phases[TrialKey.ACQUIRE] = time.perf_counter() - started - phases.get(TrialKey.COOL, 0.0)
+    phases[TrialKey.COMPILE] = compile_s
     workload, deadline_s = setup.workload, setup.deadline_s
     if setup.sizing is not None and not objectives.mode.per_request:
         images = trial_images(setup.sizing, ray.get(manager.best_speed.remote()), spec)
@@ -308,7 +306,7 @@ def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpe
 
     if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:
         return
-    from autohet.strategies._inprocess import default_devices
+    from autohet.strategies import default_devices
 
     indices = [i for i in (params.get("devices") or default_devices(spec)) if 0 <= i < len(spec.executors)]
     chosen = [spec.executors[i] for i in indices]

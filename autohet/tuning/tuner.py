@@ -14,8 +14,9 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import yaml
@@ -29,6 +30,14 @@ from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.settings import TuneSettings
 from autohet.tuning.space import DefineByRun, SearchSpace, load_search_space
+from autohet.workload import Workload
+
+if TYPE_CHECKING:
+    from autohet.tracking import TrialLogger
+    from autohet.tuning.initial import FirstPoints
+    from autohet.tuning.progress import Progress
+    from autohet.tuning.search import StagedSearch
+    from autohet.tuning.trainable import TrialSetup, TrialSizing
 
 __all__ = ["space_context", "strategy_sizes", "tune_model"]
 
@@ -49,7 +58,7 @@ def strategy_sizes(strategy: str, model: ModelSpec, pool: PoolSpec) -> dict[str,
 def space_context(space: SearchSpace, pool: PoolSpec, model: ModelSpec, pool_dims: bool) -> SpaceContext:
     """Sizes of the space's vectors: the pool's executors and in-process devices, and what each
     strategy of the space declares (``Strategy.space_sizes``; only for the vectors the space searches)."""
-    from autohet.strategies._inprocess import default_devices
+    from autohet.strategies import default_devices
 
     kinds = frozenset(e.kind for e in pool.executors)
     sizes = {"executors": _max_pool_size(pool, space, pool_dims), "devices": len(default_devices(pool))}
@@ -115,40 +124,103 @@ def _load_state(state_file: Path, tune_dir: Path, experiment: str, model: ModelS
 
 def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = None, resume: bool = False,
                data_seed: int = 0, npy: str | None = None) -> TuneOutcome:
-    """Runs (or resumes) a tune and exports the best valid trial to runs/<experiment>/best.yaml."""
-    import ray
-    from ray import tune
+    """Runs (or resumes) a tune and exports the best valid trial to runs/<experiment>/best.yaml.
 
-    from autohet.context import RunContext
-    from autohet.platform_info import fingerprint
-    from autohet.pool.resolve import resolve_pool
-    from autohet.ray_runtime import init_ray
-    from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome, trial_runs
-    from autohet.tuning.callbacks import tune_callbacks
-    from autohet.tuning.initial import staged_points
-    from autohet.tuning.manager import PoolManager
-    from autohet.tuning.progress import Progress
-    from autohet.tuning.resume import finished_trials, settle_study
-    from autohet.tuning.trainable import TrialSetup, tune_entry
-    from autohet.workload import Workload, WorkloadSpec, workload_for
-
+    The steps, in order: the experiment and its saved state, the search space, Ray, the pool and its
+    manager, the trials' size and reference outputs, the MLflow parent run, the Optuna study, the
+    search, the summary and the export; the manager is stopped at the end whatever happened."""
     started = time.time()
     objectives: ObjectiveSet = settings.objectives
-    experiment = settings.experiment or model.name.replace(":", "_").replace("/", "_")
-    exp_dir = (Path("runs") / experiment).resolve()
-    state_file = exp_dir / "tune_state.json"
-    state = _load_state(state_file, exp_dir / "tune", experiment, model, resume, exp_dir)
+    exp = _open_experiment(model, settings, resume)
+    space = _search_space(settings)
+    _start_ray(address)
+    pool = _start_pool(model, settings, address, exp.name, data_seed, npy)
+    stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
+    try:
+        plan = _size_trials(model, settings, pool, exp.state if resume else None)
+        workload = Workload(pool.bank.bank, plan.images)
+        setup = _trial_setup(model, settings, pool, plan, workload,
+                             _reference_outputs(model, settings, pool.spec, workload), data_seed, npy)
+        _telemetry_notes(settings, pool.spec)
+        record = _open_parent_run(model, settings, exp, pool.spec, plan.images, space, resume, data_seed, npy)
+        storage = _open_study(exp, objectives, record, resume)
+        progress, logged = _trials_so_far(settings, record)
+        remaining = settings.trials - progress.done
+        if remaining > 0:
+            searcher = _searcher(model, settings, space, pool.spec, exp.name, storage, resume)
+            _run_search(searcher, setup, remaining, _trial_budget_s(settings, started), exp.dir, record.logger,
+                        progress, logged)
+        stats = _summarize(pool.manager, progress)
+        return _export(record, exp, objectives)
+    finally:
+        _stop_manager(pool.manager, answered=stats is not None)
+
+
+@dataclass
+class _Experiment:
+    """Where a tune lives: its name, runs/<name>/, and the state a resume reads back (empty: a new tune)."""
+
+    name: str
+    dir: Path
+    state: dict[str, Any]
+
+    @property
+    def state_file(self) -> Path:
+        return self.dir / "tune_state.json"
+
+
+def _open_experiment(model: ModelSpec, settings: TuneSettings, resume: bool) -> _Experiment:
+    """The experiment's name and directory, and its saved state: a resume's must exist and be this
+    model's; a new tune's must not exist yet."""
+    name = settings.experiment or model.name.replace(":", "_").replace("/", "_")
+    exp_dir = (Path("runs") / name).resolve()
+    state = _load_state(exp_dir / "tune_state.json", exp_dir / "tune", name, model, resume, exp_dir)
+    return _Experiment(name, exp_dir, state)
+
+
+def _search_space(settings: TuneSettings) -> SearchSpace:
+    """The YAML spaces restricted to the tune's strategies, run mode and this machine; says what it left out."""
+    mode = settings.objectives.mode
     space, left_out = load_search_space(settings.search_spaces).restrict(settings.strategy_list,
-                                                                         objectives.mode).for_machine()
+                                                                         mode).for_machine()
     for note in left_out:
         print(f"autohet: note: {note}", file=sys.stderr)
-    if objectives.mode.per_request and list(space.strategies) == ["single"]:
+    if mode.per_request and list(space.strategies) == ["single"]:
         print("autohet: note: only `single` serves latency runs with these search spaces", file=sys.stderr)
+    return space
+
+
+def _start_ray(address: str | None) -> None:
+    """Starts (or joins) Ray for the tune, without Tune's periodic checkpoints and with its logs quietened."""
+    from autohet.ray_runtime import init_ray
+
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     # one logical CPU more than the machine has: the trial process (it only waits on executors)
     init_ray(address, num_cpus=None if address else (os.cpu_count() or 1) + 1)
     logging.getLogger("ray.tune").setLevel(logging.ERROR)
     logging.getLogger("ray.train").setLevel(logging.ERROR)
+
+
+@dataclass
+class _TunePool:
+    """The tune's pool: its spec, the image bank trials draw from, and the manager actor that owns the
+    executors (by name: trials find it with ``ray.get_actor``)."""
+
+    spec: PoolSpec
+    bank: Any  # ``workload_for``'s bank: ``.bank`` (the images) and ``.shape``
+    manager_name: str
+    manager: Any
+
+
+def _start_pool(model: ModelSpec, settings: TuneSettings, address: str | None, experiment: str, data_seed: int,
+                npy: str | None) -> _TunePool:
+    """Resolves the pool, builds the image bank and starts the pool manager actor."""
+    import ray
+
+    from autohet.pool.resolve import resolve_pool
+    from autohet.tuning.manager import PoolManager
+    from autohet.workload import WorkloadSpec, workload_for
+
     pool_spec = resolve_pool(settings.pool, address)
     bank_images = _SIZED_BANK if settings.images == "auto" else int(settings.images)
     bank = workload_for(model.name, bank_images, data_seed, npy)
@@ -157,118 +229,243 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     # restartable: if its worker crashes, Ray rebuilds it and the next trial re-creates the executors
     manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
     manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
-    stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
-    try:
-        limit: float | None = None
-        sizing = None
-        classes = int(RunContext(model, Workload(bank.bank, 1), 1).reference(
-            np.zeros(1, dtype=np.int64), pool_spec.simulated).shape[1])
-        if objectives.mode.per_request and settings.images == "auto":
-            # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
-            # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
-            images = max(settings.min_images, settings.latency_runs)
-        elif settings.images == "auto":
-            sizing = _sizing(manager, settings, classes)
-            images, limit = sizing.images(None), sizing.base_ips
-        else:
-            images = int(settings.images)
-        if resume:
-            images = int(state["images"])
-        if limit is None and settings.trial_timeout_s == "auto" and not objectives.mode.per_request:
-            limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
-        deadline_s = settings.trial_timeout(images, limit or 0.0)
-        workload = Workload(bank.bank, images)
-        ctx = RunContext(model, workload, settings.check_images)
-        ctx.reference(workload.indices_sample(settings.check_images), pool_spec.simulated)
-        if objectives.mode.per_request:
-            lat = ctx.with_images(settings.latency_runs)
-            lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
-        setup = TrialSetup(model, workload, objectives.name, manager_name, settings.check_images,
-                           settings.standalone_seconds, settings.latency_runs, deadline_s=deadline_s,
-                           cut_factor=float(settings.cut_factor), workload_seed=data_seed, npy=npy,
-                           reference=dict(ctx._reference), max_temp=settings.max_temp,
-                           cool_margin_c=settings.cool_margin_c, cool_max_s=settings.cool_max_s,
-                           pool_spec=pool_spec, sizing=sizing)
-        _telemetry_notes(settings, pool_spec)
+    return _TunePool(pool_spec, bank, manager_name, manager)
 
-        uri = settings.tracking_uri
-        client = mlflow_client(uri)
-        experiment_id = ensure_experiment(client, experiment, uri)
-        platform = fingerprint()
-        if resume:
-            parent_id = state["parent_run_id"]
-            client.update_run(parent_id, status="RUNNING")
-        else:
-            parent_id = _start_parent(client, experiment_id, model, settings, pool_spec, images, space, platform)
-            exp_dir.mkdir(parents=True, exist_ok=True)
-            state = {"model": model.to_dict(), "parent_run_id": parent_id, "images": images,
+
+@dataclass
+class _TrialPlan:
+    """How many images a trial runs, how throughput trials are sized by speed (None: all run
+    ``images``) and the trial timeout."""
+
+    images: int
+    sizing: TrialSizing | None
+    deadline_s: float
+
+
+def _size_trials(model: ModelSpec, settings: TuneSettings, pool: _TunePool, state: dict[str, Any] | None) -> _TrialPlan:
+    """The trials' images and timeout: latency trials run ``latency_runs`` requests, throughput trials
+    are sized from the pool's measured speed (``images: auto``) or run the given count; a resume
+    (``state``) keeps the images of the first run."""
+    import ray
+
+    per_request = settings.objectives.mode.per_request
+    limit: float | None = None
+    sizing = None
+    classes = _output_classes(model, pool)
+    if per_request and settings.images == "auto":
+        # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
+        # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
+        images = max(settings.min_images, settings.latency_runs)
+    elif settings.images == "auto":
+        sizing = _sizing(pool.manager, settings, classes)
+        images, limit = sizing.images(None), sizing.base_ips
+    else:
+        images = int(settings.images)
+    if state is not None:
+        images = int(state["images"])
+    if limit is None and settings.trial_timeout_s == "auto" and not per_request:
+        limit = float(ray.get(pool.manager.calibrate.remote(settings.standalone_seconds)))
+    return _TrialPlan(images, sizing, settings.trial_timeout(images, limit or 0.0))
+
+
+def _output_classes(model: ModelSpec, pool: _TunePool) -> int:
+    """The model's output width (classes), from the reference output of one image."""
+    from autohet.context import RunContext
+    from autohet.workload import Workload
+
+    ctx = RunContext(model, Workload(pool.bank.bank, 1), 1)
+    return int(ctx.reference(np.zeros(1, dtype=np.int64), pool.spec.simulated).shape[1])
+
+
+def _reference_outputs(model: ModelSpec, settings: TuneSettings, pool_spec: PoolSpec,
+                       workload: Workload) -> dict[str, np.ndarray]:
+    """The single-device outputs the trials' output checks compare with, computed once here: the
+    sample of ``workload`` and, for latency trials, the sample of their ``latency_runs`` requests."""
+    from autohet.context import RunContext
+
+    ctx = RunContext(model, workload, settings.check_images)
+    ctx.reference(workload.indices_sample(settings.check_images), pool_spec.simulated)
+    if settings.objectives.mode.per_request:
+        lat = ctx.with_images(settings.latency_runs)  # shares ctx's references: computed into the same store
+        lat.reference(lat.workload.indices_sample(settings.check_images), pool_spec.simulated)
+    return ctx.references()
+
+
+def _trial_setup(model: ModelSpec, settings: TuneSettings, pool: _TunePool, plan: _TrialPlan, workload: Workload,
+                 references: dict[str, np.ndarray], data_seed: int, npy: str | None) -> TrialSetup:
+    """What every trial shares (``TrialSetup``), handed to Ray Tune once."""
+    from autohet.tuning.trainable import TrialSetup
+
+    return TrialSetup(model, workload, settings.objectives.name, pool.manager_name, settings.check_images,
+                      settings.standalone_seconds, settings.latency_runs, deadline_s=plan.deadline_s,
+                      cut_factor=float(settings.cut_factor), workload_seed=data_seed, npy=npy,
+                      reference=references, max_temp=settings.max_temp,
+                      cool_margin_c=settings.cool_margin_c, cool_max_s=settings.cool_max_s,
+                      pool_spec=pool.spec, sizing=plan.sizing)
+
+
+@dataclass
+class _Record:
+    """Where the tune is logged in MLflow: the client, the experiment, the parent run, the trial logger."""
+
+    client: Any
+    experiment_id: str
+    parent_id: str
+    platform: dict[str, Any]
+    logger: TrialLogger
+
+
+def _open_parent_run(model: ModelSpec, settings: TuneSettings, exp: _Experiment, pool_spec: PoolSpec, images: int,
+                     space: SearchSpace, resume: bool, data_seed: int, npy: str | None) -> _Record:
+    """The tune's MLflow parent run: reopened on a resume; else created, and the state a resume needs
+    written to runs/<experiment>/tune_state.json."""
+    from autohet.platform_info import fingerprint
+    from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client
+
+    uri = settings.tracking_uri
+    client = mlflow_client(uri)
+    experiment_id = ensure_experiment(client, exp.name, uri)
+    platform = fingerprint()
+    if resume:
+        parent_id = exp.state["parent_run_id"]
+        client.update_run(parent_id, status="RUNNING")
+    else:
+        parent_id = _start_parent(client, experiment_id, model, settings, pool_spec, images, space, platform)
+        exp.dir.mkdir(parents=True, exist_ok=True)
+        exp.state = {"model": model.to_dict(), "parent_run_id": parent_id, "images": images,
                      "experiment_id": experiment_id, "settings": settings.to_dict(), "tracking_uri": uri,
                      "data_seed": data_seed, "npy": npy}
-            state_file.write_text(json.dumps(state, indent=1))
-        logger = TrialLogger(uri, experiment_id, parent_id, platform)
+        exp.state_file.write_text(json.dumps(exp.state, indent=1))
+    return _Record(client, experiment_id, parent_id, platform, TrialLogger(uri, experiment_id, parent_id, platform))
 
-        import optuna
 
-        from autohet.tuning.search import SingleKind, StagedSearch
+def _open_study(exp: _Experiment, objectives: ObjectiveSet, record: _Record, resume: bool) -> Any:
+    """The Optuna study's storage (sqlite under runs/<experiment>/). A resume first settles the trials
+    the kill interrupted (``autohet.tuning.resume``)."""
+    import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        storage = optuna.storages.RDBStorage(f"sqlite:///{exp_dir / 'optuna.db'}")
-        if resume:
-            study = optuna.load_study(study_name=experiment, storage=storage)
-            settled = settle_study(study, trial_runs(client, experiment_id, parent_id), objectives, logger)
-            if settled["killed"] or settled["told"]:
-                print(f"autohet: resume: {settled['killed']} trial(s) the kill interrupted recorded as killed, "
-                      f"{settled['told']} finished trial(s) given to the study", file=sys.stderr)
-        earlier = trial_runs(client, experiment_id, parent_id)
-        done_before = len(finished_trials(earlier))
-        logged = {r.data.tags.get("tune_trial_id") for r in earlier}
-        remaining = settings.trials - done_before
-        progress = Progress(settings.trials, objectives, done_before, float(settings.time_budget_s))
-        if remaining > 0:
-            pool_dims = bool(pool_spec.auto) and bool(space.pool)
-            space_ctx = space_context(space, pool_spec, model, pool_dims)
-            metric, mode = objectives.search_metric, objectives.search_mode
-            sampler = (optuna.samplers.NSGAIISampler(seed=settings.seed) if objectives.multi
-                       else optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=5))
-            # the first points were enqueued in the study by the first run; a resume finds the rest there
-            first = None if resume else staged_points(space, pool_spec, space_ctx, objectives.mode)
-            searcher = StagedSearch(
-                DefineByRun(space, space_ctx), metric=metric, mode=mode,
-                points_to_evaluate=first.singles if first else None, later=first.strategies if first else None,
-                kind_of=SingleKind(pool_spec), objectives=objectives,
-                sampler=sampler, study_name=experiment, storage=storage, seed=settings.seed)
-            # the budget covers the whole command: set-up so far, and about 15 s to export at the end
-            left = settings.time_budget_s - (time.time() - started) - 15.0
-            if left < 30.0:
-                print(f"autohet: note: the set-up took {time.time() - started:.0f} s of --time-budget "
-                      f"{settings.time_budget_s:g} s, leaving {max(left, 0.0):.0f} s for trials; raise --time-budget",
-                      file=sys.stderr)
-            budget = max(10.0, left)
-            trainable = tune.with_resources(tune.with_parameters(tune_entry, setup=setup), {"cpu": 0.01})
-            tuner = tune.Tuner(
-                trainable,
-                tune_config=tune.TuneConfig(search_alg=searcher, num_samples=remaining, time_budget_s=budget,
-                                            max_concurrent_trials=1,
-                                            reuse_actors=True),  # one trial process for all: no import per trial
-                run_config=tune.RunConfig(name=f"tune-{int(time.time())}", storage_path=str(exp_dir),
-                                          callbacks=tune_callbacks(logger, progress, logged), verbose=0,
-                                          log_to_file=True),
-            )
-            tuner.fit()
-        if sys.stderr.isatty():
-            print(file=sys.stderr)
-        stats = answer_or_none(manager.stats.remote(), MANAGER_ANSWER_S)
-        print(progress.breakdown(stats), file=sys.stderr, flush=True)
-        outcome = record_outcome(client, experiment, experiment_id, parent_id, objectives, exp_dir, platform)
-        client.set_terminated(parent_id, "FINISHED")
-        return outcome
-    finally:
-        try:
-            if stats is not None:  # an idle manager ends its executors itself
-                ray.get(manager.shutdown.remote())
-            ray.kill(manager)  # a busy one with them: they are its actors and end with it
-        except Exception:  # the manager is already gone when Ray is shutting down
-            logging.getLogger(__name__).debug("manager already stopped")
+    from autohet.tracking import trial_runs
+    from autohet.tuning.resume import settle_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna.storages.RDBStorage(f"sqlite:///{exp.dir / 'optuna.db'}")
+    if resume:
+        study = optuna.load_study(study_name=exp.name, storage=storage)
+        settled = settle_study(study, trial_runs(record.client, record.experiment_id, record.parent_id), objectives,
+                               record.logger)
+        if settled["killed"] or settled["told"]:
+            print(f"autohet: resume: {settled['killed']} trial(s) the kill interrupted recorded as killed, "
+                  f"{settled['told']} finished trial(s) given to the study", file=sys.stderr)
+    return storage
+
+
+def _trials_so_far(settings: TuneSettings, record: _Record) -> tuple[Progress, set[str | None]]:
+    """The progress line, counting the trials an earlier run finished, and the Tune trial ids already
+    logged (a trial is logged once)."""
+    from autohet.tracking import trial_runs
+    from autohet.tuning.progress import Progress
+    from autohet.tuning.resume import finished_trials
+
+    earlier = trial_runs(record.client, record.experiment_id, record.parent_id)
+    done_before = len(finished_trials(earlier))
+    logged = {r.data.tags.get("tune_trial_id") for r in earlier}
+    progress = Progress(settings.trials, settings.objectives, done_before, float(settings.time_budget_s))
+    return progress, logged
+
+
+def _first_points(space: SearchSpace, pool_spec: PoolSpec, space_ctx: SpaceContext, objectives: ObjectiveSet,
+                  resume: bool) -> FirstPoints | None:
+    """The staged first points of a new tune (``staged_points``); None on a resume: the first run
+    enqueued them in the study, which holds those not yet run."""
+    from autohet.tuning.initial import staged_points
+
+    return None if resume else staged_points(space, pool_spec, space_ctx, objectives.mode)
+
+
+def _searcher(model: ModelSpec, settings: TuneSettings, space: SearchSpace, pool_spec: PoolSpec, study_name: str,
+              storage: Any, resume: bool) -> StagedSearch:
+    """The search: Optuna (TPE for one objective, NSGA-II for two) behind Ray Tune, the first points
+    first (``StagedSearch``)."""
+    import optuna
+
+    from autohet.tuning.search import SingleKind, StagedSearch
+
+    objectives = settings.objectives
+    pool_dims = bool(pool_spec.auto) and bool(space.pool)
+    space_ctx = space_context(space, pool_spec, model, pool_dims)
+    sampler = (optuna.samplers.NSGAIISampler(seed=settings.seed) if objectives.multi
+               else optuna.samplers.TPESampler(seed=settings.seed, n_startup_trials=5))
+    first = _first_points(space, pool_spec, space_ctx, objectives, resume)
+    return StagedSearch(
+        DefineByRun(space, space_ctx), metric=objectives.search_metric, mode=objectives.search_mode,
+        points_to_evaluate=first.singles if first else None, later=first.strategies if first else None,
+        kind_of=SingleKind(pool_spec), objectives=objectives,
+        sampler=sampler, study_name=study_name, storage=storage, seed=settings.seed)
+
+
+def _trial_budget_s(settings: TuneSettings, started: float) -> float:
+    """Seconds left for trials: the budget covers the whole command, the set-up so far and about 15 s
+    to export at the end (at least 10 s; a note when the set-up left under 30 s)."""
+    left = settings.time_budget_s - (time.time() - started) - 15.0
+    if left < 30.0:
+        print(f"autohet: note: the set-up took {time.time() - started:.0f} s of --time-budget "
+              f"{settings.time_budget_s:g} s, leaving {max(left, 0.0):.0f} s for trials; raise --time-budget",
+              file=sys.stderr)
+    return max(10.0, left)
+
+
+def _run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s: float, exp_dir: Path,
+                logger: TrialLogger, progress: Progress, logged: set[str | None]) -> None:
+    """Runs up to ``trials`` trials within ``budget_s`` through Ray Tune, one at a time, each logged
+    to MLflow as it finishes."""
+    from ray import tune
+
+    from autohet.tuning.callbacks import tune_callbacks
+    from autohet.tuning.trainable import tune_entry
+
+    trainable = tune.with_resources(tune.with_parameters(tune_entry, setup=setup), {"cpu": 0.01})
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(search_alg=searcher, num_samples=trials, time_budget_s=budget_s,
+                                    max_concurrent_trials=1,
+                                    reuse_actors=True),  # one trial process for all: no import per trial
+        run_config=tune.RunConfig(name=f"tune-{int(time.time())}", storage_path=str(exp_dir),
+                                  callbacks=tune_callbacks(logger, progress, logged), verbose=0,
+                                  log_to_file=True),
+    )
+    tuner.fit()
+
+
+def _summarize(manager: Any, progress: Progress) -> dict[str, int] | None:
+    """Prints where the tune's wall time went; returns the manager's stats (None: it did not answer)."""
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    stats = answer_or_none(manager.stats.remote(), MANAGER_ANSWER_S)
+    print(progress.breakdown(stats), file=sys.stderr, flush=True)
+    return stats
+
+
+def _export(record: _Record, exp: _Experiment, objectives: ObjectiveSet) -> TuneOutcome:
+    """Exports the best valid trial (``record_outcome``) and closes the parent run."""
+    from autohet.tracking import record_outcome
+
+    outcome = record_outcome(record.client, exp.name, record.experiment_id, record.parent_id, objectives, exp.dir,
+                             record.platform)
+    record.client.set_terminated(record.parent_id, "FINISHED")
+    return outcome
+
+
+def _stop_manager(manager: Any, answered: bool) -> None:
+    """Ends the manager: one that answered at the end (idle) ends its executors itself first; a busy
+    one's executors are its actors and end with it."""
+    import ray
+
+    try:
+        if answered:
+            ray.get(manager.shutdown.remote())
+        ray.kill(manager)
+    except Exception:  # the manager is already gone when Ray is shutting down
+        logging.getLogger(__name__).debug("manager already stopped")
 
 
 # how long the end of a tune waits for the manager: a trial stopped by the time budget may have left

@@ -9,4 +9,19 @@ one model's measured costs and plans on an engine. The pairing heuristic is a pu
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import Any
+
+__all__ = ["ChannelsSession"]
+
+# name -> the private module that defines it (imported on first use: the package stays light)
+_PUBLIC = {
+    "ChannelsSession": "_session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The family's pieces that benches and tools use (see ``_PUBLIC``), imported on first use."""
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(name)

@@ -9,4 +9,23 @@ the engine programs. The ratio search is a pure planner: ``autohet.planners.spli
 
 from __future__ import annotations
 
-__all__: list[str] = []
+import importlib
+from typing import Any
+
+__all__ = ["DeviceModel", "StagePrograms", "capture", "spatial_graph", "step_seconds"]
+
+# name -> the private module that defines it (imported on first use: the package stays light)
+_PUBLIC = {
+    "DeviceModel": "_slabs",
+    "StagePrograms": "_programs",
+    "capture": "_slabs",
+    "spatial_graph": "_chains",
+    "step_seconds": "_job",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The family's pieces that benches and tools use (see ``_PUBLIC``), imported on first use."""
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
+    raise AttributeError(name)

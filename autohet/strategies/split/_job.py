@@ -280,7 +280,7 @@ class SpatialStrategy(Strategy):
         return out
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        from autohet.telemetry import temperature_violation as violation
+        from autohet.strategies.thermal import temperature_violation as violation
 
         specs = chosen_devices(pool, params, self.name)
         self.check_params(params, len(specs))
