@@ -101,10 +101,10 @@ class BlockPrograms:
             return outs if len(outs) > 1 else outs[0]
 
         call: Any = run
-        if dev.kind == "gpu" and kinds == {"torch"} and self.graphs:
+        if dev.on_gpu and kinds == {"torch"} and self.graphs:
             examples = [torch.zeros(self.shapes[v], dtype=dev.dtype, device=dev.torch_device) for v in seg.inputs]
             call = dev.call(lambda: graph_call(run, examples, dev.stream))
-        elif "tvm" in kinds and dev.kind == "gpu":  # TVM queues on its own stream: order it by syncs
+        elif "tvm" in kinds and dev.on_gpu:  # TVM queues on its own stream: order it by syncs
             def call(*xs: torch.Tensor, _run: Any = run) -> Any:
                 torch.cuda.current_stream().synchronize()
                 out = _run(*xs)
@@ -195,12 +195,12 @@ class _Timed:
         return self.call(*xs)
 
     def sync(self) -> None:
-        if self.dev.kind == "gpu":
+        if self.dev.on_gpu:
             torch.cuda.synchronize(self.dev.torch_device)
 
 
 def _mean_time(call: Any, inputs: tuple[torch.Tensor, ...], device: Device, runs: int, warmup: int) -> float:
-    if device.kind == "gpu":
+    if device.on_gpu:
         with torch.cuda.stream(device.stream):
             times = time_runner(_Timed(call, device), inputs, runs, warmup)
     else:
@@ -229,7 +229,7 @@ def _time_move(engine: Engine, src: str, dst: str, nbytes: int, runs: int) -> fl
     source, target = engine[src], engine[dst]
     worker = transfer_worker(engine, src, dst)
     tensor = torch.randn(nbytes // 4).to(source.torch_device)
-    value = Value(tensor, src, source.publish(tensor).event if source.kind == "gpu" else None)
+    value = Value(tensor, src, source.publish(tensor).event if source.on_gpu else None)
 
     def timed() -> float:
         for k in range(runs + 2):

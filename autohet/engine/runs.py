@@ -50,7 +50,7 @@ def request_example(device: Device, image: np.ndarray) -> torch.Tensor:
     dtype and layout, a plain (not inference-mode) tensor. ``torch.compile`` guards on all of these:
     a model compiled on another form compiles again on the first request."""
     x = torch.as_tensor(np.ascontiguousarray(image))[None]
-    if device.kind == "gpu":
+    if device.on_gpu:
         x = x.to(device.torch_device, device.dtype)
     return _in_layout(x, device)
 
@@ -61,7 +61,7 @@ def whole_model_program(engine: Engine, module: torch.nn.Module, device: str, ex
     single-device baseline, built on the same engine as the strategy it is compared with."""
     dev = engine[device]
     fn = device_module(module, dev)
-    if dev.kind == "gpu" and graphs:
+    if dev.on_gpu and graphs:
         fn = dev.call(lambda: graph_call(fn, [example.to(dev.torch_device, dev.dtype)], dev.stream))
     return with_transfers([Step(f"model@{device}", device, ("x",), ("y",), fn)], ("x",), "y", engine.devices)
 
@@ -181,7 +181,7 @@ class BatchOneServer:
         self.holds = "direct"
         self.replay: Any = None
         self.static_out: Any = None
-        if device.kind == "gpu":
+        if device.on_gpu:
             device.call(lambda: self._capture(example, graph, warmup))
 
     def _capture(self, example: np.ndarray, graph: bool, warmup: int) -> None:
@@ -215,7 +215,7 @@ class BatchOneServer:
     def stage(self, images: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The requests in the form ``one`` takes (on the worker): on a GPU, views of one pinned bank
         in the device's dtype and layout; elsewhere each in the form a compiled model was compiled on."""
-        if self.device.kind != "gpu":
+        if not self.device.on_gpu:
             return [request_example(self.device, r) for r in images]
         stacked = torch.stack([torch.as_tensor(r) for r in images]).to(self.device.dtype)
         bank = _in_layout(stacked, self.device).pin_memory()
@@ -224,7 +224,7 @@ class BatchOneServer:
     @contextmanager
     def serving(self) -> Iterator[None]:
         """Where ``one`` runs (on the worker): inference mode, and a GPU's stream current."""
-        if self.device.kind != "gpu":
+        if not self.device.on_gpu:
             with torch.inference_mode():
                 yield
             return
@@ -233,7 +233,7 @@ class BatchOneServer:
 
     def one(self, x: torch.Tensor) -> np.ndarray:
         """One staged request to its fp32 output row, waited for (inside ``serving``)."""
-        if self.device.kind != "gpu":
+        if not self.device.on_gpu:
             return self.fn(x).float().numpy().copy()
         self.static_in.copy_(x, non_blocking=True)
         if self.replay is None:

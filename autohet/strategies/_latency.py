@@ -38,7 +38,7 @@ def single_server(engine: Engine, model: ModelSpec, spec: ExecutorSpec, example:
         fn, compile_s = dev.call(lambda: compile_module(fn, spec.inductor_mode, request_example(dev, example)))
     # inductor's kernels captured in a CUDA graph too (torch.compile's "reduce-overhead" idea): at
     # batch 1 a GPU is launch-bound, and fused kernels shorten the graph itself
-    graph = spec.backend in ("cudagraphs", "inductor") and dev.kind == "gpu"
+    graph = spec.backend in ("cudagraphs", "inductor") and dev.on_gpu
     return BatchOneServer(dev, fn, example, graph), compile_s
 
 

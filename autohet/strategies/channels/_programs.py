@@ -66,7 +66,7 @@ class ChannelPrograms:
         dev = self.engine[device]
         moved = dev.prepare(copy.deepcopy(module))
         call: Callable[..., Any] = moved
-        if dev.kind == "gpu" and self.graphs:
+        if dev.on_gpu and self.graphs:
             examples = [_example(s, dev.dtype if d.is_floating_point else d, dev) for s, d in map(_meta, inputs)]
             call = dev.call(lambda: graph_call(moved, examples, dev.stream))
 
@@ -245,7 +245,7 @@ def _mean_call(call: Callable[..., Any], x: torch.Tensor, dev: Device, runs: int
             call(x)
         dev.sync()
 
-    if dev.kind == "gpu":
+    if dev.on_gpu:
         with torch.cuda.stream(dev.stream):
             return _timed(once, runs, warmup)
     return _timed(once, runs, warmup)

@@ -62,7 +62,7 @@ def step_seconds(engine: Engine, program: Program, feeds: dict[str, Any], tags: 
     of the timed runs on CPUs, of as many untimed ones when a GPU takes part (timing a GPU step
     synchronises it)."""
     engine.run(program, feeds)
-    gpu = any(engine[d].kind == "gpu" for d in program.devices)
+    gpu = any(engine[d].on_gpu for d in program.devices)
     walls = []
     for _ in range(runs if gpu else 0):
         start = time.perf_counter()
@@ -247,8 +247,8 @@ class SpatialStrategy(Strategy):
         (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
         images: Any = np.ascontiguousarray(workload.rows(0, requests)) if RunMode(mode).per_request else workload
         batch = params.get("batch") or min(s.batch for s in specs)
-        gpus = [int(s.gpu or 0) for s in specs if s.kind == "gpu"]
-        return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.kind == "cpu" for s in specs),
+        gpus = [int(s.gpu or 0) for s in specs if s.uses_gpu]
+        return self.job(model, mode, images, [s.name for s in specs], gpus, any(not s.uses_gpu for s in specs),
                         {**params, "batch": batch}, seconds)
 
     def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:

@@ -309,6 +309,6 @@ class Builder:
 def graphed(call: Callable[..., Any], device: Device, examples: Sequence[torch.Tensor], graphs: bool
             ) -> Callable[..., Any]:
     """``call`` as a CUDA graph on a GPU (static shapes), as is elsewhere."""
-    if device.kind != "gpu" or not graphs:
+    if not device.on_gpu or not graphs:
         return call
     return device.call(lambda: graph_call(call, list(examples), device.stream))
