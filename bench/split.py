@@ -56,9 +56,9 @@ def chain_sweep(engine: Any, model: str, names: list[str], runs: int, max_window
 
     from autohet.models import build_model, input_shape
     from autohet.strategies.split._chains import spatial_graph
-    from autohet.strategies.split._job import step_seconds
     from autohet.strategies.split._programs import StagePrograms
     from autohet.strategies.split._slabs import DeviceModel, capture
+    from autohet.strategies.split.spatial import step_seconds
 
     module = build_model(model)
     x = torch.randn((1, *input_shape(model)), generator=torch.Generator().manual_seed(0))

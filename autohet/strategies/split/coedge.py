@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.params import FloatListParam, IntParam, Param
-from autohet.strategies.split._job import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
+from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
 
 if TYPE_CHECKING:
     from autohet.engine import Engine

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.errors import UserError
 from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam, Param
-from autohet.strategies._inprocess import default_devices
-from autohet.strategies.split._job import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
+from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
 
 if TYPE_CHECKING:
     from autohet.engine import Engine
@@ -149,12 +148,9 @@ class SplitStrategy(SpatialStrategy):
         if params.get("start") == "given" and params.get("ratios") is None and devices > 1:
             raise UserError("split: start=given needs ratios (one per chain: device 0's share of its rows)")
 
-    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
         """``chains``: the ratio vector's length for the default devices (one per chain for two
         devices, N per chain for N) at the default ``max_windows``."""
-        devices = len(default_devices(spec))
-        if devices < 2:
-            return {}
         import torch
 
         from autohet.models import build_model, input_shape
