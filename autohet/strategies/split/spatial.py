@@ -109,6 +109,14 @@ class SpatialJob(EngineJob):
     def _count(self) -> int:
         return len(self.images) if isinstance(self.images, np.ndarray) else self.images.images
 
+    def frame(self) -> Any:
+        """One frame of ``batch`` images to plan on: the first images, repeated where there are fewer."""
+        import torch
+
+        count = min(self.batch, self._count())
+        x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
+        return x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
+
     def _run_program(self, engine: Engine, program: Program, images: int | None = None) -> dict[str, Any]:
         """The program measured the run's way: batch-1 requests, or ``images`` in frames of ``batch``."""
         from autohet.engine import request_latencies, stream_frames

@@ -67,9 +67,6 @@ class SplitJob(SpatialJob):
 
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
              baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
-        import numpy as np
-        import torch
-
         from autohet.planners.split import ChainCost, balance
         from autohet.strategies.split._rows import split_rows
         from autohet.strategies.split._slabs import DeviceModel, capture
@@ -79,11 +76,8 @@ class SplitJob(SpatialJob):
         given = given_shares(params.get("ratios"), len(chains), n) if params["start"] == "given" else None
         if given is not None and not self.reports:  # served: the given shares, no chain timed
             return given, {"ratios": _ratios(given, n), "start": "given"}
-        count = min(self.batch, self._count())
-        x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
-        x = x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
         keep = {v for c in chains for v in c.inputs}
-        feeds_all = capture(graph, DeviceModel(graph, engine["host"]), x, keep)
+        feeds_all = capture(graph, DeviceModel(graph, engine["host"]), self.frame(), keep)
         measured: dict[tuple, tuple[ChainCost, dict[str, Any]]] = {}
 
         def measure(c: int, shares: tuple[float, ...]) -> ChainCost:
