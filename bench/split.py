@@ -54,11 +54,11 @@ def chain_sweep(engine: Any, model: str, names: list[str], runs: int, max_window
     """Per chain, per share of device 0 (the CPU) 0.0..1.0: each side, the join and the total (ms)."""
     import torch
 
+    from autohet.engine import step_seconds
     from autohet.models import build_model, input_shape
     from autohet.strategies.split._chains import spatial_graph
     from autohet.strategies.split._programs import StagePrograms
     from autohet.strategies.split._slabs import DeviceModel, capture
-    from autohet.strategies.split.spatial import step_seconds
 
     module = build_model(model)
     x = torch.randn((1, *input_shape(model)), generator=torch.Generator().manual_seed(0))

@@ -10,7 +10,6 @@ temperatures read around the timed run.
 
 from __future__ import annotations
 
-import time
 from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
     from autohet.strategies.split._programs import StagePrograms
     from autohet.workload import Workload
 
-__all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of", "step_seconds"]
+__all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of"]
 
 COMMON_PARAMS: dict[str, Param] = {
     "devices": DEVICES,
@@ -54,33 +53,6 @@ COMMON_PARAMS: dict[str, Param] = {
                            help="°C: a run in which a device is measured above it is a violation (devices whose "
                                 "temperature cannot be read are reported unavailable, not checked)"),
 }
-
-
-def step_seconds(engine: Engine, program: Program, feeds: dict[str, Any], tags: dict[str, tuple[str, ...]],
-                 runs: int) -> tuple[dict[tuple[str, ...], float], float]:
-    """Median seconds per step tag over ``runs`` timed runs (after one warm-up), and the median wall:
-    of the timed runs on CPUs, of as many untimed ones when a GPU takes part (timing a GPU step
-    synchronises it)."""
-    engine.run(program, feeds)
-    gpu = any(engine[d].on_gpu for d in program.devices)
-    walls = []
-    for _ in range(runs if gpu else 0):
-        start = time.perf_counter()
-        engine.run(program, feeds)
-        walls.append(time.perf_counter() - start)
-    per: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    for _ in range(runs):
-        timings: list[Any] = []
-        start = time.perf_counter()
-        engine.run(program, feeds, timings)
-        if not gpu:
-            walls.append(time.perf_counter() - start)
-        sums: dict[tuple[str, ...], float] = defaultdict(float)
-        for t in timings:
-            sums[tags.get(t.step, ("other",))] += t.seconds
-        for tag, seconds in sums.items():
-            per[tag].append(seconds)
-    return {tag: float(np.median(v)) for tag, v in per.items()}, float(np.median(walls))
 
 
 class SpatialJob(EngineJob):
