@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.objectives import RunMode
-from autohet.params import Param, validate_params
+from autohet.params import ChoiceParam, Param, validate_params
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from autohet.strategies.served import Served
     from autohet.workload import Workload
 
-__all__ = ["EngineStrategy", "ServedBuild", "Strategy"]
+__all__ = ["EngineStrategy", "ServedBuild", "Strategy", "start_param"]
 
 
 class Strategy(ABC):
@@ -79,6 +79,11 @@ class Strategy(ABC):
         exported config keeps them under ``plan`` and ``autohet.load`` applies them over ``params``.
         Empty when the params already say everything."""
         return {}
+
+
+def start_param(help: str) -> ChoiceParam:
+    """An engine family's ``start``: ``greedy`` (its planner, from measured costs) or ``given`` (its vectors)."""
+    return ChoiceParam("start", "greedy", choices=("greedy", "given"), help=help)
 
 
 def _cannot_serve(name: str) -> Exception:

@@ -26,7 +26,7 @@ from autohet.measurement import ExecutorReport
 from autohet.objectives import RunMode
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES, default_devices
-from autohet.strategies.base import EngineStrategy
+from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
@@ -204,8 +204,7 @@ class PlacementStrategy(EngineStrategy):
                                     "(tvm needs MetaSchedule databases from `autohet compile`; per_block uses "
                                     "them where they exist)"),
         "runs": IntParam("runs", 10, low=1, high=1000, help="timed runs per block / per assignment"),
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="start the correction rounds from the greedy placement or from `assignment`"),
+        "start": start_param("start the correction rounds from the greedy placement or from `assignment`"),
         "assignment": IntListParam("assignment", None, low=0, high=1023,
                                    help="with start=given: one index into devices per block"),
         "graphs": BoolParam("graphs", True, help="run GPU segments as CUDA graphs (captured once per segment)"),

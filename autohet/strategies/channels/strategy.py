@@ -24,9 +24,9 @@ from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.objectives import RunMode
-from autohet.params import BoolParam, ChoiceParam, FloatListParam, IntListParam, IntParam, Param
+from autohet.params import BoolParam, FloatListParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES
-from autohet.strategies.base import EngineStrategy
+from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
@@ -85,8 +85,7 @@ class ChannelsStrategy(EngineStrategy):
     family = "channels"
     modes = (RunMode.LATENCY, RunMode.THROUGHPUT)
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: the seed's pairing heuristic over measured costs; given: `pairing`"),
+        "start": start_param("greedy: the seed's pairing heuristic over measured costs; given: `pairing`"),
         "pairing": IntListParam("pairing", None, low=0, high=1,
                                 help="with start=given: per partitionable layer, 1 pairs it with the next (IOP), "
                                      "0 splits it alone (OCP)"),

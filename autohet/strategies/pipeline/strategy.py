@@ -26,10 +26,10 @@ from autohet.context import tolerance_for
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport, WorkUnit
 from autohet.objectives import RunMode
-from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
+from autohet.params import BoolParam, IntListParam, IntParam, Param
 from autohet.strategies._driver import RAISE_MARGIN
 from autohet.strategies._inprocess import DEVICES
-from autohet.strategies.base import EngineStrategy
+from autohet.strategies.base import EngineStrategy, start_param
 from autohet.strategies.pipeline._plan import check_plan_params, default_depth
 
 if TYPE_CHECKING:
@@ -61,9 +61,8 @@ class PipelineStrategy(EngineStrategy):
     family = "pipeline"
     modes = (RunMode.THROUGHPUT,)
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: the planner's stages from measured block and link times; given: "
-                                  "cuts and stages as set"),
+        "start": start_param("greedy: the planner's stages from measured block and link times; given: "
+                             "cuts and stages as set"),
         "cuts": IntListParam("cuts", None, low=0, high=1023,
                              help="with start=given: block index where each next stage starts (0, repeats and "
                                   "indices past the last block mean no cut)"),

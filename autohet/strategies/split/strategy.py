@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.engine import step_seconds
 from autohet.errors import UserError
-from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam, Param
+from autohet.params import FloatListParam, FloatParam, IntParam, Param
+from autohet.strategies.base import start_param
 from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of
 
 if TYPE_CHECKING:
@@ -121,8 +122,7 @@ class SplitStrategy(SpatialStrategy):
     name = "split"
     job = SplitJob
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: seed 003's search per chain from r0 in steps of s0; given: use ratios"),
+        "start": start_param("greedy: seed 003's search per chain from r0 in steps of s0; given: use ratios"),
         "ratios": FloatListParam("ratios", None, low=0.0, high=1.0,
                                  help="with start=given: device 0's share of each chain's rows (two devices), or N "
                                       "shares per chain; one chain's worth applies to every chain"),
