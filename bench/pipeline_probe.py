@@ -66,7 +66,7 @@ class GpuSteps:
         self.marks: list[tuple[Any, Any]] = []
         steps = []
         for step in program.steps:
-            if step.fn is not None and engine[step.device].kind == "gpu":
+            if step.fn is not None and engine[step.device].on_gpu:
                 step = replace(step, fn=self._timed(step.fn))
             steps.append(step)
         self.program = Program(steps, program.inputs, program.output)

@@ -54,8 +54,9 @@ def chain_sweep(engine: Any, model: str, names: list[str], runs: int, max_window
     """Per chain, per share of device 0 (the CPU) 0.0..1.0: each side, the join and the total (ms)."""
     import torch
 
+    from autohet.engine import step_seconds
     from autohet.models import build_model, input_shape
-    from autohet.strategies.split import DeviceModel, StagePrograms, capture, spatial_graph, step_seconds
+    from autohet.strategies.split import DeviceModel, StagePrograms, capture, spatial_graph
 
     module = build_model(model)
     x = torch.randn((1, *input_shape(model)), generator=torch.Generator().manual_seed(0))
@@ -102,7 +103,7 @@ def run_model(engine: Any, model: str, names: list[str], gpus: list[int], args: 
     spec = ModelSpec(model)
     module = build_model(spec)
     precision = tolerance_for([engine[d].precision for d in names])
-    cpus = any(engine[d].kind == "cpu" for d in names)
+    cpus = any(not engine[d].on_gpu for d in names)
     common = {"batch": 1, "runs": args.runs, "max_windows": args.max_windows}
     out: dict[str, Any] = {"model": model}
     planned = SplitJob(spec, "latency", images, names, gpus, cpus,
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         args.throughput_batch = args.throughput_batch or 8
     devices = make_devices(args.smoke, args.sms, args.precision)
     names = [d.name for d in devices]
-    gpus = [d.index for d in devices if d.kind == "gpu"]
+    gpus = [d.index for d in devices if d.on_gpu]
     models = ["lenet"] if args.smoke else [m.strip() for m in args.models.split(",") if m.strip()]
     engine = Engine(devices)
     sweep, results = [], []

@@ -3,7 +3,8 @@
 Devices are objects (a CPU core group with its own threads, a GPU or a partition of its SMs with
 its own stream), programs are steps on devices with explicit transfers, joins and partial sums,
 and one Ray actor runs any in-process strategy's job. Placement, intra-layer split, channel
-partitioning and pipelining all run here.
+partitioning and pipelining all run here, on one toolkit (``toolkit``: tensor to device, CUDA-graph
+capture, timing loops, link fitting, the channels_last runner).
 """
 
 from __future__ import annotations
@@ -23,10 +24,23 @@ from autohet.engine.runs import (
     timed_requests,
     whole_model_program,
 )
+from autohet.engine.toolkit import (
+    ChannelsLast,
+    fit_link,
+    graphed,
+    in_layout,
+    mean_seconds,
+    on_stream,
+    seconds_each,
+    step_seconds,
+    time_each,
+    to_device,
+)
 
 __all__ = [
-    "DTYPES", "HOST", "BatchOneServer", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob", "FrameStream",
-    "GpuDevice", "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module",
-    "frames_through", "move", "pinned_host", "request_example", "request_latencies", "run_job",
-    "served_request_latencies", "stream_frames", "timed_requests", "whole_model_program", "with_transfers",
+    "DTYPES", "HOST", "BatchOneServer", "ChannelsLast", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob",
+    "FrameStream", "GpuDevice", "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module",
+    "fit_link", "frames_through", "graphed", "in_layout", "mean_seconds", "move", "on_stream", "pinned_host",
+    "request_example", "request_latencies", "run_job", "seconds_each", "served_request_latencies", "step_seconds",
+    "stream_frames", "time_each", "timed_requests", "to_device", "whole_model_program", "with_transfers",
 ]

@@ -19,7 +19,7 @@ import torch
 from autohet.backends import backend_of, make_runner, time_runner
 from autohet.engine.devices import HOST, Device, Value
 from autohet.engine.program import Engine, Program, Step, move, transfer_worker, with_transfers
-from autohet.executors.compiled import graph_call
+from autohet.engine.toolkit import ChannelsLast, fit_link, graphed, mean_seconds, on_stream, time_each
 from autohet.partition import BlockGraph
 
 __all__ = ["BlockPrograms", "Segment", "measure_links", "segments"]
@@ -80,7 +80,7 @@ class BlockPrograms:
             dtype = dev.dtype if kind == "torch" else None
             runner = make_runner(self.graph, block, str(dev.torch_device), kind, dtype)
             if kind == "torch" and dev.channels_last:
-                runner = _ChannelsLast(runner)
+                runner = ChannelsLast(runner)
             self._runners[key] = runner
         return self._runners[key]
 
@@ -101,10 +101,10 @@ class BlockPrograms:
             return outs if len(outs) > 1 else outs[0]
 
         call: Any = run
-        if dev.kind == "gpu" and kinds == {"torch"} and self.graphs:
-            examples = [torch.zeros(self.shapes[v], dtype=dev.dtype, device=dev.torch_device) for v in seg.inputs]
-            call = dev.call(lambda: graph_call(run, examples, dev.stream))
-        elif "tvm" in kinds and dev.kind == "gpu":  # TVM queues on its own stream: order it by syncs
+        if kinds == {"torch"}:
+            call = graphed(run, dev, lambda: [torch.zeros(self.shapes[v], dtype=dev.dtype, device=dev.torch_device)
+                                              for v in seg.inputs], self.graphs)
+        elif "tvm" in kinds and dev.on_gpu:  # TVM queues on its own stream: order it by syncs
             def call(*xs: torch.Tensor, _run: Any = run) -> Any:
                 torch.cuda.current_stream().synchronize()
                 out = _run(*xs)
@@ -131,26 +131,13 @@ class BlockPrograms:
     def measure(self, assignment: Mapping[str, str], runs: int = 10, warmup: int = 3, seed: int = 0) -> float:
         """Mean end-to-end seconds of one request (the measured placement time)."""
         x = torch.randn((self.graph.batch, *self.graph.input_shape), generator=torch.Generator().manual_seed(seed))
-        for _ in range(warmup):
-            self.run(assignment, x)
-        start = time.perf_counter()
-        for _ in range(runs):
-            self.run(assignment, x)
-        return (time.perf_counter() - start) / runs
+        return mean_seconds(lambda: self.run(assignment, x), runs, warmup)
 
     def latencies(self, assignment: Mapping[str, str], images: Sequence[Any], warmup: int = 3
                   ) -> tuple[list[float], list[torch.Tensor]]:
         """Per-request seconds and outputs for batch-1 requests taken one after another."""
-        for i in range(warmup):
-            self.run(assignment, torch.as_tensor(images[i % len(images)])[None])
-        times, outs = [], []
-        for row in images:
-            x = torch.as_tensor(row)[None]
-            start = time.perf_counter()
-            y = self.run(assignment, x)
-            times.append(time.perf_counter() - start)
-            outs.append(y)
-        return times, outs
+        return time_each(lambda x: self.run(assignment, x), [torch.as_tensor(r)[None] for r in images], warmup,
+                         settled=False)
 
     def block_times(self, devices: Sequence[str], runs: int = 10, warmup: int = 3) -> dict[tuple[str, str], float]:
         """Mean seconds of each block alone on each device, inputs already there (graphed on GPUs
@@ -166,24 +153,6 @@ class BlockPrograms:
         return out
 
 
-class _ChannelsLast:
-    """A torch block runner with its weights and 4-d inputs in channels_last (the device's layout)."""
-
-    def __init__(self, runner: Any) -> None:
-        import copy
-
-        self.runner = runner
-        # a copy: a CPU fp32 runner shares the block's own module, which other runners and the graph use
-        runner.module = copy.deepcopy(runner.module).to(memory_format=torch.channels_last)
-        self.backend, self.device = runner.backend, runner.device
-
-    def __call__(self, *xs: torch.Tensor) -> Any:
-        return self.runner(*(x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x for x in xs))
-
-    def sync(self) -> None:
-        self.runner.sync()
-
-
 class _Timed:
     """A callable as a BlockRunner for ``time_runner`` (sync = the device's)."""
 
@@ -195,15 +164,12 @@ class _Timed:
         return self.call(*xs)
 
     def sync(self) -> None:
-        if self.dev.kind == "gpu":
+        if self.dev.on_gpu:
             torch.cuda.synchronize(self.dev.torch_device)
 
 
 def _mean_time(call: Any, inputs: tuple[torch.Tensor, ...], device: Device, runs: int, warmup: int) -> float:
-    if device.kind == "gpu":
-        with torch.cuda.stream(device.stream):
-            times = time_runner(_Timed(call, device), inputs, runs, warmup)
-    else:
+    with on_stream(device):
         times = time_runner(_Timed(call, device), inputs, runs, warmup)
     return sum(times) / len(times)
 
@@ -219,9 +185,7 @@ def measure_links(engine: Engine, devices: Sequence[str], sizes: tuple[int, int]
         for dst in names:
             if src == dst:
                 continue
-            secs = [_time_move(engine, src, dst, size, runs) for size in sizes]
-            slope = max((secs[1] - secs[0]) / (sizes[1] - sizes[0]), 1e-15)
-            out[(src, dst)] = (max(secs[0] - slope * sizes[0], 0.0), 1.0 / slope)
+            out[(src, dst)] = fit_link(sizes, [_time_move(engine, src, dst, size, runs) for size in sizes])
     return out
 
 
@@ -229,7 +193,7 @@ def _time_move(engine: Engine, src: str, dst: str, nbytes: int, runs: int) -> fl
     source, target = engine[src], engine[dst]
     worker = transfer_worker(engine, src, dst)
     tensor = torch.randn(nbytes // 4).to(source.torch_device)
-    value = Value(tensor, src, source.publish(tensor).event if source.kind == "gpu" else None)
+    value = Value(tensor, src, source.publish(tensor).event if source.on_gpu else None)
 
     def timed() -> float:
         for k in range(runs + 2):

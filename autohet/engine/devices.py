@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -41,6 +41,7 @@ class Device:
     (``_setup``) and say how a value from elsewhere is consumed (``accept``) and a result published."""
 
     kind = "device"
+    on_gpu: ClassVar[bool] = False  # a GPU (or partition): works on its own stream, launches return at once
 
     def __init__(self, name: str, precision: str = "fp32", channels_last: bool = False) -> None:
         if precision not in DTYPES:
@@ -147,6 +148,7 @@ class GpuDevice(Device):
     """One GPU, or a green-context partition of its SMs (``stream`` from ``executors.green``)."""
 
     kind = "gpu"
+    on_gpu: ClassVar[bool] = True
 
     def __init__(self, name: str, index: int, precision: str = "fp32", channels_last: bool = False,
                  stream_factory: Callable[[], Any] | None = None, sms: int | None = None) -> None:

@@ -103,9 +103,9 @@ def with_transfers(steps: Sequence[Step], inputs: Sequence[str], output: str,
 def transfer_worker_name(devices: Mapping[str, Device], src: str, dst: str) -> str:
     """Which worker issues a copy: the GPU side (its stream orders the copy after the producer or
     before the consumer); between CPU devices and the host, the side that is not the host."""
-    if devices[src].kind == "gpu":
+    if devices[src].on_gpu:
         return src
-    if devices[dst].kind == "gpu" or dst != HOST:
+    if devices[dst].on_gpu or dst != HOST:
         return dst
     return src
 
@@ -116,10 +116,10 @@ def transfer_worker(engine: Engine, src: str, dst: str) -> Device:
 
 def move(value: Value, src: Device, dst: Device, worker: Device) -> Value:
     """Copies a value between devices on ``worker`` (the GPU side of the copy)."""
-    if src.kind != "gpu" and dst.kind != "gpu":
+    if not src.on_gpu and not dst.on_gpu:
         t = src.accept(value) if value.event is not None else value.tensor
         return Value(t, dst.name)
-    if src.kind != "gpu":  # host/CPU -> GPU from pinned memory, on the GPU's copy stream
+    if not src.on_gpu:  # host/CPU -> GPU from pinned memory, on the GPU's copy stream
         t = value.tensor
         if value.event is not None:
             value.event.synchronize()
@@ -132,7 +132,7 @@ def move(value: Value, src: Device, dst: Device, worker: Device) -> Value:
         return Value(moved, dst.name, ready)
     t = src.accept(value)
     with torch.cuda.stream(src.stream):
-        if dst.kind != "gpu":  # GPU -> host/CPU: into pinned memory, ready when the event fires
+        if not dst.on_gpu:  # GPU -> host/CPU: into pinned memory, ready when the event fires
             host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
             host.copy_(t, non_blocking=True)
             return Value(host, dst.name, src.publish(host).event)
@@ -202,8 +202,8 @@ class Engine:
              timings: list[StepTime] | None) -> tuple[Value, ...]:
         inputs = [f.result()[k] for f, k in sources]
         started = time.perf_counter()
-        if worker.kind == "gpu" and timings is not None:
-            moving_in = step.kind == "transfer" and self.devices[inputs[0].device].kind != "gpu"
+        if worker.on_gpu and timings is not None:
+            moving_in = step.kind == "transfer" and not self.devices[inputs[0].device].on_gpu
             timed_on = worker.copy_stream if moving_in else worker.stream  # the stream that carries the step
             begin = torch.cuda.Event(enable_timing=True)
             begin.record(timed_on)
@@ -215,20 +215,20 @@ class Engine:
             outs: tuple[Value, ...] = (move(value, src, self.devices[step.to or HOST], worker),)
         else:
             tensors = [worker.accept(v) for v in inputs]
-            if worker.kind == "gpu":
+            if worker.on_gpu:
                 with torch.cuda.stream(worker.stream), torch.inference_mode():
                     result = step.fn(*tensors)
             else:
                 with torch.inference_mode():
                     result = step.fn(*tensors)
             results = result if isinstance(result, tuple) else (result,)
-            if worker.kind == "gpu":
+            if worker.on_gpu:
                 event = worker.publish(results[0]).event
                 outs = tuple(Value(r, worker.name, event) for r in results)
             else:
                 outs = tuple(worker.publish(r) for r in results)
         if timings is not None:
-            if worker.kind == "gpu":
+            if worker.on_gpu:
                 end = torch.cuda.Event(enable_timing=True)
                 end.record(timed_on)
                 end.synchronize()

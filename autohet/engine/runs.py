@@ -18,7 +18,7 @@ import torch
 
 from autohet.engine.devices import Device
 from autohet.engine.program import Engine, FrameStream, Program, Step, with_transfers
-from autohet.executors.compiled import graph_call
+from autohet.engine.toolkit import graphed, in_layout, on_stream, time_each
 from autohet.heap import settle
 
 __all__ = ["BatchOneServer", "device_module", "frames_through", "pinned_host", "request_example", "request_latencies",
@@ -41,18 +41,14 @@ def device_module(module: torch.nn.Module, device: Device) -> Callable[[torch.Te
     return run
 
 
-def _in_layout(x: torch.Tensor, device: Device) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last) if device.channels_last and x.dim() == 4 else x
-
-
 def request_example(device: Device, image: np.ndarray) -> torch.Tensor:
     """A batch-1 request as ``served_request_latencies`` feeds it to the model: on the device, in its
     dtype and layout, a plain (not inference-mode) tensor. ``torch.compile`` guards on all of these:
     a model compiled on another form compiles again on the first request."""
     x = torch.as_tensor(np.ascontiguousarray(image))[None]
-    if device.kind == "gpu":
+    if device.on_gpu:
         x = x.to(device.torch_device, device.dtype)
-    return _in_layout(x, device)
+    return in_layout(x, device)
 
 
 def whole_model_program(engine: Engine, module: torch.nn.Module, device: str, example: torch.Tensor,
@@ -60,9 +56,7 @@ def whole_model_program(engine: Engine, module: torch.nn.Module, device: str, ex
     """The whole model as one step on one device (a CUDA graph on a GPU when ``graphs``): the
     single-device baseline, built on the same engine as the strategy it is compared with."""
     dev = engine[device]
-    fn = device_module(module, dev)
-    if dev.kind == "gpu" and graphs:
-        fn = dev.call(lambda: graph_call(fn, [example.to(dev.torch_device, dev.dtype)], dev.stream))
+    fn = graphed(device_module(module, dev), dev, lambda: [example.to(dev.torch_device, dev.dtype)], graphs)
     return with_transfers([Step(f"model@{device}", device, ("x",), ("y",), fn)], ("x",), "y", engine.devices)
 
 
@@ -150,17 +144,9 @@ def frames_through(engine: Engine, program: Program, rows: Callable[[int, int], 
 def request_latencies(engine: Engine, program: Program, images: Sequence[np.ndarray], warmup: int = 3
                       ) -> tuple[list[float], np.ndarray]:
     """Batch-1 requests one after another, each timed from host input to host output."""
-    for i in range(warmup):
-        engine.run(program, {"x": torch.as_tensor(images[i % len(images)])[None]})
-    settle()
-    times, outs = [], []
-    for row in images:
-        x = torch.as_tensor(row)[None]
-        t0 = time.perf_counter()
-        y = engine.run(program, {"x": x})
-        times.append(time.perf_counter() - t0)
-        outs.append(y.float().numpy())
-    return times, np.concatenate(outs)
+    times, outs = time_each(lambda x: engine.run(program, {"x": x}), [torch.as_tensor(r)[None] for r in images],
+                            warmup)
+    return times, np.concatenate([y.float().numpy() for y in outs])
 
 
 class BatchOneServer:
@@ -181,7 +167,7 @@ class BatchOneServer:
         self.holds = "direct"
         self.replay: Any = None
         self.static_out: Any = None
-        if device.kind == "gpu":
+        if device.on_gpu:
             device.call(lambda: self._capture(example, graph, warmup))
 
     def _capture(self, example: np.ndarray, graph: bool, warmup: int) -> None:
@@ -215,25 +201,21 @@ class BatchOneServer:
     def stage(self, images: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The requests in the form ``one`` takes (on the worker): on a GPU, views of one pinned bank
         in the device's dtype and layout; elsewhere each in the form a compiled model was compiled on."""
-        if self.device.kind != "gpu":
+        if not self.device.on_gpu:
             return [request_example(self.device, r) for r in images]
         stacked = torch.stack([torch.as_tensor(r) for r in images]).to(self.device.dtype)
-        bank = _in_layout(stacked, self.device).pin_memory()
+        bank = in_layout(stacked, self.device).pin_memory()
         return [bank[i : i + 1] for i in range(bank.shape[0])]
 
     @contextmanager
     def serving(self) -> Iterator[None]:
         """Where ``one`` runs (on the worker): inference mode, and a GPU's stream current."""
-        if self.device.kind != "gpu":
-            with torch.inference_mode():
-                yield
-            return
-        with torch.cuda.stream(self.device.stream), torch.inference_mode():
+        with on_stream(self.device), torch.inference_mode():
             yield
 
     def one(self, x: torch.Tensor) -> np.ndarray:
         """One staged request to its fp32 output row, waited for (inside ``serving``)."""
-        if self.device.kind != "gpu":
+        if not self.device.on_gpu:
             return self.fn(x).float().numpy().copy()
         self.static_in.copy_(x, non_blocking=True)
         if self.replay is None:
@@ -277,12 +259,5 @@ def timed_requests(server: BatchOneServer, images: Sequence[np.ndarray], warmup:
 def _time_each(one: Callable[[Any], np.ndarray], requests: Sequence[Any], warmup: int
                ) -> tuple[list[float], np.ndarray]:
     """``one`` on each request after ``warmup`` untimed ones: (seconds each, outputs joined)."""
-    for i in range(warmup):
-        one(requests[i % len(requests)])
-    settle()
-    times, outs = [], []
-    for x in requests:
-        t0 = time.perf_counter()
-        outs.append(one(x))
-        times.append(time.perf_counter() - t0)
+    times, outs = time_each(one, requests, warmup)
     return times, np.concatenate(outs)

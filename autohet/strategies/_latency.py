@@ -38,7 +38,7 @@ def single_server(engine: Engine, model: ModelSpec, spec: ExecutorSpec, example:
         fn, compile_s = dev.call(lambda: compile_module(fn, spec.inductor_mode, request_example(dev, example)))
     # inductor's kernels captured in a CUDA graph too (torch.compile's "reduce-overhead" idea): at
     # batch 1 a GPU is launch-bound, and fused kernels shorten the graph itself
-    graph = spec.backend in ("cudagraphs", "inductor") and dev.kind == "gpu"
+    graph = spec.backend in ("cudagraphs", "inductor") and dev.on_gpu
     return BatchOneServer(dev, fn, example, graph), compile_s
 
 
@@ -88,7 +88,7 @@ def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: st
     out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec], ctx.deadline_s, "single")
     times = out["times_s"]
     reports = [ExecutorReport(s.name, s.device, len(times) if k == executor else 0,
-                              float(sum(times)) if k == executor else 0.0, 0.0, s.kind == "sim")
+                              float(sum(times)) if k == executor else 0.0, 0.0, s.simulated)
                for k, s in enumerate(pool.spec.executors)]
     m = ctx.latency_measurement(pool, strategy, params, times, out["outputs"], reports, spec.precision)
     m.extra.update(backend=out["backend"], served=out["served"], compile_s=out["compile_s"])

@@ -1,22 +1,26 @@
-"""The Strategy extension point: a name, declared parameters, and ``run(pool, ctx, params)``."""
+"""The Strategy extension point: a name, declared parameters, and ``run(pool, ctx, params)``;
+``EngineStrategy``, the same for a family whose job runs on the in-process engine."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.objectives import RunMode
-from autohet.params import Param, validate_params
+from autohet.params import ChoiceParam, Param, validate_params
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.engine import Engine, EngineJob, Program
+    from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.served import Served
     from autohet.workload import Workload
 
-__all__ = ["Strategy"]
+__all__ = ["EngineStrategy", "ServedBuild", "Strategy", "start_param"]
 
 
 class Strategy(ABC):
@@ -67,9 +71,7 @@ class Strategy(ABC):
         for a ``throughput`` or ``latency`` config. Everything is built here, once: executors started
         on ``pool`` (not started yet) with ``sample`` images, engine programs built, a plan the params
         do not give measured on ``sample``; a call never measures or plans."""
-        from autohet.errors import UserError
-
-        raise UserError(f"strategy {self.name} cannot serve inputs yet; export a config of another strategy")
+        raise _cannot_serve(self.name)
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """Optional hook: parameters that rebuild the plan a run measured (its ``m.params`` and
@@ -77,3 +79,95 @@ class Strategy(ABC):
         exported config keeps them under ``plan`` and ``autohet.load`` applies them over ``params``.
         Empty when the params already say everything."""
         return {}
+
+
+def start_param(help: str) -> ChoiceParam:
+    """An engine family's ``start``: ``greedy`` (its planner, from measured costs) or ``given`` (its vectors)."""
+    return ChoiceParam("start", "greedy", choices=("greedy", "given"), help=help)
+
+
+def _cannot_serve(name: str) -> Exception:
+    from autohet.errors import UserError
+
+    return UserError(f"strategy {name} cannot serve inputs yet; export a config of another strategy")
+
+
+# what a family's served form builds on its engine, once: (the program, frames in flight, the plan)
+ServedBuild = Callable[["Engine"], tuple["Program", int, dict[str, Any]]]
+
+
+class EngineStrategy(Strategy):
+    """A family run as one job on the in-process engine (``autohet.engine``) over chosen executors
+    (``devices``: the default choice is every GPU and the largest CPU group).
+
+    A family supplies ``make_job`` (the job of a run) and ``measurement`` (the job's output as a
+    Measurement); optionally ``check_devices`` (params checked against the chosen devices: in
+    ``check_pool``, ``run`` and ``serve``), ``vector_sizes`` (``space_sizes`` with two devices or
+    more; with fewer there is nothing to search), ``run_params`` (params completed for the run),
+    ``execute`` (where the job runs) and ``served`` (what ``serve`` builds on an engine).
+    """
+
+    on_engine: ClassVar[bool] = True
+
+    def chosen(self, pool: Pool, params: dict[str, Any]) -> list[ExecutorSpec]:
+        """The executors ``devices`` names (or the default choice), checked."""
+        from autohet.strategies._inprocess import chosen_devices
+
+        specs = chosen_devices(pool, params, self.name)
+        self.check_devices(params, [s.name for s in specs])
+        return specs
+
+    def check_devices(self, params: dict[str, Any], devices: list[str]) -> None:  # noqa: B027
+        """Optional hook: raise UserError when the params do not fit these devices (names, in order)."""
+
+    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
+        self.chosen(pool, params)
+
+    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+        """The family's ``vector_sizes`` for the default devices; none with fewer than two of them."""
+        from autohet.strategies._inprocess import default_devices
+
+        devices = len(default_devices(spec))
+        return self.vector_sizes(model, spec, devices) if devices >= 2 else {}
+
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
+        """Optional hook: ``space_sizes`` over ``devices`` (two or more) default devices."""
+        return {}
+
+    def run_params(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> dict[str, Any]:
+        """Optional hook: the params a run's job and measurement use (defaults that depend on the run)."""
+        return params
+
+    @abstractmethod
+    def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> EngineJob:
+        """The job that measures the run on an engine over ``specs``' devices."""
+
+    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> dict[str, Any]:
+        """The job's output: on the pool's devices, cut past the run's deadline (``run_on_engine``)."""
+        from autohet.strategies._inprocess import run_on_engine
+
+        return run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
+
+    @abstractmethod
+    def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
+                    out: dict[str, Any]) -> Measurement:
+        """The job's output as the run's Measurement (outputs checked, reports, ``m.extra``)."""
+
+    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+        specs = self.chosen(pool, params)
+        params = self.run_params(ctx, specs, params)
+        out = self.execute(pool, ctx, specs, self.make_job(ctx, specs, params))
+        return self.measurement(pool, ctx, specs, params, out)
+
+    def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
+               mode: RunMode, sample: Workload) -> tuple[ServedBuild, int]:
+        """Optional hook: what ``serve`` builds on an engine of this process, and the frame size."""
+        raise _cannot_serve(self.name)
+
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+        """The family's program on an engine of this process over the chosen executors (``served``)."""
+        from autohet.strategies._inprocess import serve_on_engine
+
+        specs = self.chosen(pool, params)
+        build, batch = self.served(pool, specs, model, params, RunMode(mode), sample)
+        return serve_on_engine(specs, build, batch)

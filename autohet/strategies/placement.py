@@ -25,19 +25,20 @@ from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.objectives import RunMode
 from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
-from autohet.strategies.base import Strategy
+from autohet.strategies._inprocess import DEVICES, default_devices
+from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.engine import Engine
     from autohet.engine.blocks import BlockPrograms
+    from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.partition import BlockGraph
     from autohet.planners import PlacementResult
     from autohet.pool import Pool, PoolSpec
-    from autohet.strategies.served import Served
+    from autohet.strategies.base import ServedBuild
     from autohet.workload import Workload
 
 __all__ = ["Placed", "PlacementJob", "PlacementStrategy", "check_vector", "placement_devices", "start_assignment",
@@ -192,11 +193,10 @@ class PlacementJob(EngineJob):
                           for (a, b), (lat_s, bw) in placed.links.items()}}
 
 
-class PlacementStrategy(Strategy):
+class PlacementStrategy(EngineStrategy):
     name = "placement"
     family = "placement"
     modes = (RunMode.LATENCY,)
-    on_engine = True
     params: ClassVar[dict[str, Param]] = {
         "x": IntParam("x", 2, low=0, high=20, help="correction rounds without gain before stopping (0: none)"),
         "backend": ChoiceParam("backend", "torch", choices=("torch", "tvm", "per_block"),
@@ -204,34 +204,29 @@ class PlacementStrategy(Strategy):
                                     "(tvm needs MetaSchedule databases from `autohet compile`; per_block uses "
                                     "them where they exist)"),
         "runs": IntParam("runs", 10, low=1, high=1000, help="timed runs per block / per assignment"),
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="start the correction rounds from the greedy placement or from `assignment`"),
+        "start": start_param("start the correction rounds from the greedy placement or from `assignment`"),
         "assignment": IntListParam("assignment", None, low=0, high=1023,
                                    help="with start=given: one index into devices per block"),
         "graphs": BoolParam("graphs", True, help="run GPU segments as CUDA graphs (captured once per segment)"),
         "devices": DEVICES,
     }
 
-    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
-        """``blocks``: the batch-1 partition's length (only when there are two devices to place on)."""
-        if len(default_devices(spec)) < 2:
-            return {}
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
+        """``blocks``: the batch-1 partition's length."""
         from autohet.partition import partition
 
         return {"blocks": len(partition(model.name, batch=1, seed=model.seed).blocks)}
 
-    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
-        specs = chosen_devices(pool, params, self.name)
-        check_vector(params, [s.name for s in specs])
+    def check_devices(self, params: dict[str, Any], devices: list[str]) -> None:
+        check_vector(params, devices)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
+               mode: RunMode, sample: Workload) -> tuple[ServedBuild, int]:
         """Each image a batch-1 request through the placed program (frames overlap across devices). A
         given vector with ``x=0`` is run as given; otherwise the placement is measured once, here."""
         from autohet.planners import encode
 
-        specs = chosen_devices(pool, params, self.name)
         devices = [s.name for s in specs]
-        check_vector(params, devices)
         job = PlacementJob(model, np.ascontiguousarray(sample.rows(0, 1)), devices, params)
 
         def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
@@ -240,7 +235,7 @@ class PlacementStrategy(Strategy):
             planned = placed.result is not None
             return placed.programs.program(placed.assignment), 2, {"assignment": vector, "planned": planned}
 
-        return serve_on_engine(specs, build, batch=1)
+        return build, 1
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """The vector the run ended on, to run as given (per_block backends are chosen by measurement)."""
@@ -248,13 +243,12 @@ class PlacementStrategy(Strategy):
             return {}
         return {"start": "given", "assignment": [int(i) for i in extra["assignment_vector"]], "x": 0}
 
-    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        specs = chosen_devices(pool, params, self.name)
-        devices = [s.name for s in specs]
-        check_vector(params, devices)
+    def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> PlacementJob:
         images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
-        out = run_on_engine(pool, PlacementJob(ctx.model, images, devices, params), specs, ctx.deadline_s,
-                            self.name)
+        return PlacementJob(ctx.model, images, [s.name for s in specs], params)
+
+    def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
+                    out: dict[str, Any]) -> Measurement:
         times = out.pop("times_s")
         outputs = out.pop("outputs")
         if params.get("start") == "given" and params.get("assignment") is None:

@@ -67,7 +67,7 @@ class EngineServed(Served):
         self.engine, self.program, self.batch, self.depth = engine, program, batch, depth
         self.precision, self.plan, self.cores, self.deaths = precision, plan or {}, cores, []
         # frames made pinned on the calling thread where a GPU takes part (its worker never stages them)
-        self.pinned = any(d.kind == "gpu" for d in engine.compute_devices)
+        self.pinned = any(d.on_gpu for d in engine.compute_devices)
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         from autohet.engine import frames_through

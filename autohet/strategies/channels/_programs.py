@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ from torch import fx
 
 from autohet.engine.devices import Device
 from autohet.engine.program import Engine, Program, Step, with_transfers
-from autohet.executors.compiled import graph_call
+from autohet.engine.toolkit import graphed, mean_seconds, on_stream, seconds_each, to_device
 from autohet.strategies.channels._layers import ChannelGraph, ChannelLayer, part_module, whole_module
 
 __all__ = ["ChannelPrograms", "UnitLike"]
@@ -35,16 +34,9 @@ class UnitLike(Protocol):
     counts: tuple[int, ...]
 
 
-def _to_device(x: torch.Tensor, dev: Device) -> torch.Tensor:
-    if not x.is_floating_point():
-        return x.to(dev.torch_device)
-    x = x.to(dev.torch_device, dev.dtype)
-    return x.contiguous(memory_format=torch.channels_last) if dev.channels_last and x.dim() == 4 else x
-
-
 def _example(shape: Sequence[int], dtype: torch.dtype, dev: Device) -> torch.Tensor:
     x = torch.randn(tuple(shape)) if dtype.is_floating_point else torch.zeros(tuple(shape), dtype=dtype)
-    return _to_device(x, dev)
+    return to_device(x, dev)
 
 
 def _meta(node: fx.Node) -> tuple[tuple[int, ...], torch.dtype]:
@@ -65,14 +57,12 @@ class ChannelPrograms:
     def _device_call(self, module: torch.nn.Module, device: str, inputs: Sequence[fx.Node]) -> Callable[..., Any]:
         dev = self.engine[device]
         moved = dev.prepare(copy.deepcopy(module))
-        call: Callable[..., Any] = moved
-        if dev.kind == "gpu" and self.graphs:
-            examples = [_example(s, dev.dtype if d.is_floating_point else d, dev) for s, d in map(_meta, inputs)]
-            call = dev.call(lambda: graph_call(moved, examples, dev.stream))
+        call = graphed(moved, dev, lambda: [_example(s, dev.dtype if d.is_floating_point else d, dev)
+                                            for s, d in map(_meta, inputs)], self.graphs)
 
         def run(*xs: torch.Tensor, _weights: torch.nn.Module = moved) -> Any:
             # _weights: a captured graph reads the module's tensors by address, so they live as long as it
-            return call(*(_to_device(x, dev) for x in xs))
+            return call(*(to_device(x, dev) for x in xs))
 
         return run
 
@@ -228,13 +218,7 @@ class ChannelPrograms:
         head = [] if on_host else [Step("source", rest, (), (name,), lambda: tensor)]
         sink = Step("sink", rest, (out,), ("sink",), lambda y: y[(0,) * y.dim()].reshape(1).float().clone())
         program = with_transfers([*head, *steps, sink], tuple(feeds), "sink", self.engine.devices)
-        for _ in range(warmup):
-            self.engine.run(program, feeds)
-        times = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            self.engine.run(program, feeds)
-            times.append(time.perf_counter() - start)
+        times = seconds_each(lambda: self.engine.run(program, feeds), runs, warmup)
         return statistics.median(times)  # thread hand-offs make the tail long: the median is the typical run
 
 
@@ -245,16 +229,5 @@ def _mean_call(call: Callable[..., Any], x: torch.Tensor, dev: Device, runs: int
             call(x)
         dev.sync()
 
-    if dev.kind == "gpu":
-        with torch.cuda.stream(dev.stream):
-            return _timed(once, runs, warmup)
-    return _timed(once, runs, warmup)
-
-
-def _timed(fn: Callable[[], None], runs: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    start = time.perf_counter()
-    for _ in range(runs):
-        fn()
-    return (time.perf_counter() - start) / runs
+    with on_stream(dev):
+        return mean_seconds(once, runs, warmup)

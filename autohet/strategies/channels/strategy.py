@@ -24,19 +24,20 @@ from autohet.engine import EngineJob
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.objectives import RunMode
-from autohet.params import BoolParam, ChoiceParam, FloatListParam, IntListParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
-from autohet.strategies.base import Strategy
+from autohet.params import BoolParam, FloatListParam, IntListParam, IntParam, Param
+from autohet.strategies._inprocess import DEVICES
+from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
     from autohet.engine import Engine
+    from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.planners.pairing import PairingPlan
     from autohet.pool import Pool, PoolSpec
+    from autohet.strategies.base import ServedBuild
     from autohet.strategies.channels._session import ChannelsSession
-    from autohet.strategies.served import Served
     from autohet.workload import Workload
 
 __all__ = ["ChannelsJob", "ChannelsStrategy", "check_params"]
@@ -79,14 +80,12 @@ class ChannelsJob(EngineJob):
         return {**out, "start": self.params["start"], **session.report(plan, self.params["compare"])}
 
 
-class ChannelsStrategy(Strategy):
+class ChannelsStrategy(EngineStrategy):
     name = "channels"
     family = "channels"
     modes = (RunMode.LATENCY, RunMode.THROUGHPUT)
-    on_engine = True
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: the seed's pairing heuristic over measured costs; given: `pairing`"),
+        "start": start_param("greedy: the seed's pairing heuristic over measured costs; given: `pairing`"),
         "pairing": IntListParam("pairing", None, low=0, high=1,
                                 help="with start=given: per partitionable layer, 1 pairs it with the next (IOP), "
                                      "0 splits it alone (OCP)"),
@@ -108,10 +107,8 @@ class ChannelsStrategy(Strategy):
         "devices": DEVICES,
     }
 
-    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
         """``layers``: the partitionable layers of the batch-1 trace; ``binary``: a pairing choice's values."""
-        if len(default_devices(spec)) < 2:
-            return {}
         import torch
 
         from autohet.models import build_model, input_shape
@@ -120,25 +117,24 @@ class ChannelsStrategy(Strategy):
         graph = channel_graph(build_model(model), torch.zeros(1, *input_shape(model.name)))
         return {"layers": len(graph.layers), "binary": 2}
 
-    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
-        check_params(params, [s.name for s in chosen_devices(pool, params, self.name)])
+    def check_devices(self, params: dict[str, Any], devices: list[str]) -> None:
+        check_params(params, devices)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
+               mode: RunMode, sample: Workload) -> tuple[ServedBuild, int]:
         """The channel-split program on an engine of this process: batch-1 requests (latency) or
         frames of ``batch``, ``depth`` in flight. A plan the params fix (start given, shares, rest) is
         built without timing anything; otherwise its costs are measured once, here."""
-        specs = chosen_devices(pool, params, self.name)
         devices = [s.name for s in specs]
-        check_params(params, devices)
         job = ChannelsJob(model, mode, sample, min(4, sample.images), devices, params, 0.5)
 
         def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
             session, plan = job.planned(engine, measure=False)
             program = session.programs.program(plan.units, devices, session.rest)
-            return (program, RunMode(mode).pick(2, params["depth"]),
+            return (program, mode.pick(2, params["depth"]),
                     {"rest": session.rest, "pairing": plan.pairing, "planned": not session.given(params)})
 
-        return serve_on_engine(specs, build, RunMode(mode).frame(params["batch"]))
+        return build, mode.frame(params["batch"])
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """The pairing, every layer's shares on every device, and ``rest``, as the run used them."""
@@ -148,13 +144,13 @@ class ChannelsStrategy(Strategy):
                 "shares": [float(v) for row in extra.get("shares") or [] for v in row],
                 "rest": extra["devices"].index(extra["rest"])}
 
-    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        specs = chosen_devices(pool, params, self.name)
-        devices = [s.name for s in specs]
-        check_params(params, devices)
+    def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> ChannelsJob:
         requests = min(ctx.latency_runs, ctx.workload.images)
-        job = ChannelsJob(ctx.model, ctx.mode, ctx.workload, requests, devices, params, ctx.standalone_seconds)
-        out = run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
+        return ChannelsJob(ctx.model, ctx.mode, ctx.workload, requests, [s.name for s in specs], params,
+                           ctx.standalone_seconds)
+
+    def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
+                    out: dict[str, Any]) -> Measurement:
         outputs = out.pop("outputs")
         if params["start"] == "given" and params["pairing"] is None:
             params = {**params, "pairing": out["pairing"]}  # the exported config names the vector run

@@ -58,7 +58,7 @@ class StepSpans:
         from autohet.engine import Program
 
         self.calls: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        self.on = all(engine[s.device].kind == "cpu" for s in program.steps)
+        self.on = not any(engine[s.device].on_gpu for s in program.steps)  # the host runs no steps
         self.steps = [s for s in program.steps if s.fn is not None]
         self.program = program if not self.on else Program(
             [replace(s, fn=self._timed(s.name, s.fn)) if s.fn is not None else s for s in program.steps],

@@ -4,7 +4,6 @@ the parameters (planned or given) and the report of its stages."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +12,6 @@ from autohet.errors import UserError
 from autohet.planners.stages import StagePlan, StageProblem, evaluate_stages, normalise_cuts
 
 if TYPE_CHECKING:
-    import torch
-
     from autohet.models import ModelSpec
     from autohet.partition import BlockGraph
 
@@ -70,43 +67,9 @@ def value_shapes(graph: BlockGraph) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-class StagePrograms(BlockPrograms):
-    """Block programs whose torch runners also take the device's memory layout (channels_last from
-    the executor spec), as the whole-model baseline does; precision and threads come from the device."""
-
-    def runner(self, block: str, device: str) -> Any:
-        key = (block, device)
-        dev = self.engine[device]
-        if key not in self._runners and dev.channels_last and self.backend_of(block, device) == "torch":
-            self._runners[key] = _ChannelsLast(self.graph[block], str(dev.torch_device), dev.dtype)
-        return super().runner(block, device)
-
-
-class _ChannelsLast:
-    """A torch block runner in channels_last (its own copy of the weights: the graph's are shared)."""
-
-    backend = "torch"
-
-    def __init__(self, block: Any, device: str, dtype: torch.dtype) -> None:
-        import torch
-
-        self.device, self.dtype, self._dev = device, dtype, torch.device(device)
-        self.module = copy.deepcopy(block.module).to(device=self._dev, dtype=dtype,
-                                                     memory_format=torch.channels_last).eval()
-
-    def __call__(self, *inputs: torch.Tensor) -> Any:
-        import torch
-
-        args = [t.to(device=self._dev, dtype=self.dtype) for t in inputs]
-        args = [t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t for t in args]
-        with torch.no_grad():
-            return self.module(*args)
-
-    def sync(self) -> None:
-        import torch
-
-        if self._dev.type == "cuda":
-            torch.cuda.synchronize(self._dev)
+# block programs; a device's layout (channels_last from the executor spec) is BlockPrograms' own, as in the
+# whole-model baseline (``autohet.engine.ChannelsLast``); precision and threads come from the device
+StagePrograms = BlockPrograms
 
 
 def default_depth(stages: int) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autohet.engine import fit_link
 from autohet.errors import UserError
 from autohet.heap import settle
 from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
@@ -130,12 +131,6 @@ def _actor_options(spec: ExecutorSpec) -> dict[str, Any]:
     return opts
 
 
-def _fit(sizes: tuple[int, int], secs: list[float]) -> tuple[float, float]:
-    """(latency s, bytes/s) through two (size, seconds) points, as ``measure_links`` fits them."""
-    slope = max((secs[1] - secs[0]) / (sizes[1] - sizes[0]), 1e-15)
-    return max(secs[0] - slope * sizes[0], 0.0), 1.0 / slope
-
-
 def _hop_seconds(src: Any, dst: Any, nbytes: int, runs: int) -> float:
     """Median seconds for ``dst`` (an actor, or None: the driver) to receive an object of ``nbytes``
     made by ``src`` (an actor, or None: put by the driver); each run moves a fresh object."""
@@ -161,7 +156,7 @@ def measure_hops(actors: dict[str, Any], runs: int = 3) -> dict[tuple[str, str],
     for a, src in ends.items():
         for b, dst in ends.items():
             if a != b:
-                out[(a, b)] = _fit(HOP_SIZES, [_hop_seconds(src, dst, n, runs) for n in HOP_SIZES])
+                out[(a, b)] = fit_link(HOP_SIZES, [_hop_seconds(src, dst, n, runs) for n in HOP_SIZES])
     return out
 
 

@@ -26,20 +26,20 @@ from autohet.context import tolerance_for
 from autohet.errors import UserError
 from autohet.measurement import ExecutorReport, WorkUnit
 from autohet.objectives import RunMode
-from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
+from autohet.params import BoolParam, IntListParam, IntParam, Param
 from autohet.strategies._driver import RAISE_MARGIN
-from autohet.strategies._inprocess import DEVICES, chosen_devices, default_devices, run_on_engine, serve_on_engine
-from autohet.strategies.base import Strategy
+from autohet.strategies._inprocess import DEVICES
+from autohet.strategies.base import EngineStrategy, start_param
 from autohet.strategies.pipeline._plan import check_plan_params, default_depth
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
-    from autohet.engine import Engine
+    from autohet.engine import Engine, EngineJob
     from autohet.executors import ExecutorSpec
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
-    from autohet.strategies.served import Served
+    from autohet.strategies.base import ServedBuild
     from autohet.workload import Workload
 
 __all__ = ["PipelineStrategy", "default_batch", "spans_nodes"]
@@ -56,15 +56,13 @@ def spans_nodes(specs: list[ExecutorSpec]) -> bool:
     return len({s.node for s in specs if s.node is not None}) > 1
 
 
-class PipelineStrategy(Strategy):
+class PipelineStrategy(EngineStrategy):
     name = "pipeline"
     family = "pipeline"
     modes = (RunMode.THROUGHPUT,)
-    on_engine = True
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: the planner's stages from measured block and link times; given: "
-                                  "cuts and stages as set"),
+        "start": start_param("greedy: the planner's stages from measured block and link times; given: "
+                             "cuts and stages as set"),
         "cuts": IntListParam("cuts", None, low=0, high=1023,
                              help="with start=given: block index where each next stage starts (0, repeats and "
                                   "indices past the last block mean no cut)"),
@@ -79,40 +77,34 @@ class PipelineStrategy(Strategy):
         "devices": DEVICES,
     }
 
-    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
         """``blocks`` (the partition's length) and ``cut_points`` (one fewer than the devices): the
-        ``cuts`` vector; ``stages`` is sized by ``devices``. Only with two devices to cut across."""
-        devices = len(default_devices(spec))
-        if devices < 2:
-            return {}
+        ``cuts`` vector; ``stages`` is sized by ``devices``."""
         from autohet.partition import partition
 
         return {"blocks": len(partition(model.name, batch=1, seed=model.seed).blocks), "cut_points": devices - 1}
 
-    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
-        specs = chosen_devices(pool, params, self.name)
-        check_plan_params(params, [s.name for s in specs])
+    def check_devices(self, params: dict[str, Any], devices: list[str]) -> None:
+        check_plan_params(params, devices)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
+               mode: RunMode, sample: Workload) -> tuple[ServedBuild, int]:
         """Frames of ``batch`` streamed through the stages, ``depth`` in flight, on an engine of this
         process; the stages given, or planned once here (greedy)."""
         from autohet.strategies.pipeline._job import PipelineJob
 
-        specs = chosen_devices(pool, params, self.name)
-        devices = [s.name for s in specs]
-        check_plan_params(params, devices)
         if pool.on_ray and spans_nodes(specs):
             raise UserError("pipeline: a config whose stages span Ray nodes cannot be served yet; serve one "
                             "node's executors (devices) or tune on one node")
         params = {**params, "batch": params["batch"] or min(s.batch for s in specs)}
-        job = PipelineJob(model, sample, devices, params)
+        job = PipelineJob(model, sample, [s.name for s in specs], params)
 
         def build(engine: Engine) -> tuple[Any, int, dict[str, Any]]:
             staged = job.stages(engine)
             return (staged.program, params["depth"] or default_depth(len(staged.plan.stages)),
                     {"cuts": staged.plan.cuts, "stages": staged.plan.order, "planned": params["start"] != "given"})
 
-        return serve_on_engine(specs, build, params["batch"])
+        return build, params["batch"]
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """The cut, stage devices, frame size and depth the run streamed."""
@@ -121,20 +113,25 @@ class PipelineStrategy(Strategy):
         return {"start": "given", "cuts": [int(c) for c in extra["cuts"]], "stages": [int(d) for d in extra["order"]],
                 "batch": int(extra["batch"]), "depth": int(extra["depth"])}
 
-    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
-        specs = chosen_devices(pool, params, self.name)
-        devices = [s.name for s in specs]
-        check_plan_params(params, devices)
-        params = {**params, "batch": params["batch"] or default_batch(specs, ctx.workload.images)}
+    def run_params(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> dict[str, Any]:
+        """``batch`` defaulted for this workload (``default_batch``)."""
+        return {**params, "batch": params["batch"] or default_batch(specs, ctx.workload.images)}
+
+    def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> EngineJob:
+        from autohet.strategies.pipeline._job import PipelineJob
+
+        return PipelineJob(ctx.model, ctx.workload, [s.name for s in specs], params)
+
+    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> dict[str, Any]:
+        """On the engine, or one Ray actor per stage when the executors span Ray nodes."""
         if pool.on_ray and spans_nodes(specs):
             from autohet.strategies.pipeline._ray import run_on_nodes
 
-            out = run_on_nodes(specs, ctx.model, ctx.workload, params)
-        else:
-            from autohet.strategies.pipeline._job import PipelineJob
+            return run_on_nodes(specs, ctx.model, ctx.workload, job.params)  # type: ignore[attr-defined]
+        return super().execute(pool, ctx, specs, job)
 
-            out = run_on_engine(pool, PipelineJob(ctx.model, ctx.workload, devices, params), specs,
-                                ctx.deadline_s, self.name)
+    def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
+                    out: dict[str, Any]) -> Measurement:
         wall, outputs = out.pop("wall_s"), out.pop("outputs")
         timeline = [WorkUnit(**unit) for unit in out.pop("timeline", [])]
         used = {row["device"] for row in out["stages"]}

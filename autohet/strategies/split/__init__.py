@@ -2,9 +2,10 @@
 
 ``split`` (seed 003, CoDL): chains of convolutions split at a ratio, halos recomputed, one join per
 chain. ``coedge`` (seed 004's baseline): every layer split, halo rows exchanged before each window.
-Modules: ``strategy`` (split) and ``coedge`` the strategies, ``_job`` the engine job both run,
-``_chains`` a traced model as chains, ``_rows`` row arithmetic (pure), ``_slabs``/``_programs``
-the engine programs. The ratio search is a pure planner: ``autohet.planners.split``.
+Modules: ``strategy`` (split) and ``coedge`` the strategies, ``spatial`` what both build on (the
+engine job and ``SpatialStrategy``: a row family is a plan and its params), ``_chains`` a traced
+model as chains, ``_rows`` row arithmetic (pure), ``_slabs``/``_programs`` the engine programs.
+The ratio search is a pure planner: ``autohet.planners.split``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["DeviceModel", "StagePrograms", "capture", "spatial_graph", "step_seconds"]
+__all__ = ["DeviceModel", "StagePrograms", "capture", "spatial_graph"]
 
 # name -> the private module that defines it (imported on first use: the package stays light)
 _PUBLIC = {
@@ -20,7 +21,6 @@ _PUBLIC = {
     "StagePrograms": "_programs",
     "capture": "_slabs",
     "spatial_graph": "_chains",
-    "step_seconds": "_job",
 }
 
 

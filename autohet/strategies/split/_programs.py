@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from autohet.engine.program import Engine, Program
+from autohet.engine.toolkit import graphed, to_device
 from autohet.strategies.split._chains import INPUT, LocalOp, SpatialGraph, Stage, value_name
 from autohet.strategies.split._rows import Rows, empty, needs, pieces, split_rows
-from autohet.strategies.split._slabs import Builder, DeviceModel, RestCall, SlabCall, graphed, on_device
+from autohet.strategies.split._slabs import Builder, DeviceModel, RestCall, SlabCall
 
 __all__ = ["StagePrograms", "coedge_groups"]
 
@@ -104,7 +105,7 @@ class StagePrograms:
         names = [b.fetch(p, self.rest, tag=tag) for p in parts]
 
         def cat(*xs: torch.Tensor) -> torch.Tensor:
-            return torch.cat([on_device(x, dev) for x in xs], 2) if len(xs) > 1 else on_device(xs[0], dev)
+            return torch.cat([to_device(x, dev) for x in xs], 2) if len(xs) > 1 else to_device(xs[0], dev)
 
         b.add(f"join {value}", self.rest, names, [(value, (0, self.graph.height(value)))], cat, kind="join", tag=tag)
 

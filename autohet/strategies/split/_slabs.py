@@ -24,24 +24,13 @@ from torch import fx
 from autohet.engine.devices import HOST, Device
 from autohet.engine.program import Engine, Program, Step
 from autohet.engine.program import transfer_worker_name as _worker_name
-from autohet.executors.compiled import graph_call
+from autohet.engine.toolkit import to_device
 from autohet.strategies.split._chains import INPUT, LocalOp, SpatialGraph, Stage, value_name
 from autohet.strategies.split._rows import Rows, Window, clip, empty
 
-__all__ = ["Builder", "DeviceModel", "RestCall", "SlabCall", "capture", "graphed", "on_device"]
+__all__ = ["Builder", "DeviceModel", "RestCall", "SlabCall", "capture"]
 
 _OUT_OF_PLACE = {operator.iadd: operator.add, operator.imul: operator.mul}
-
-
-def on_device(x: torch.Tensor, dev: Device) -> torch.Tensor:
-    """``x`` in the device's memory, dtype and layout (a no-op when it already is)."""
-    if x.is_floating_point():
-        x = x.to(dev.torch_device, dev.dtype)
-    else:
-        x = x.to(dev.torch_device)
-    if dev.channels_last and x.dim() == 4:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return x
 
 
 class DeviceModel:
@@ -182,7 +171,7 @@ class SlabCall:
         env: dict[str, torch.Tensor] = {}
         k = 0
         for value, count, _ in self.inputs:
-            parts = [on_device(t, self.dev) for t in tensors[k:k + count]]
+            parts = [to_device(t, self.dev) for t in tensors[k:k + count]]
             env[value] = parts[0] if count == 1 else torch.cat(parts, 2)
             k += count
         for name, _, fn in self.steps:
@@ -201,7 +190,7 @@ class RestCall:
         self.outputs = stage.outputs
 
     def __call__(self, *tensors: torch.Tensor) -> Any:
-        env = {v: on_device(t, self.dev) for v, t in zip(self.inputs, tensors, strict=True)}
+        env = {v: to_device(t, self.dev) for v, t in zip(self.inputs, tensors, strict=True)}
         outs = _interpret(self.model, self.nodes, env)
         values = tuple(outs[v] for v in self.outputs)
         return values if len(values) > 1 else values[0]
@@ -227,7 +216,7 @@ def capture(graph: SpatialGraph, model: DeviceModel, x: torch.Tensor, keep: set[
     for k, node in enumerate(nodes):
         for a in node.all_input_nodes:
             last[value_name(a)] = k
-    env: dict[str, Any] = {INPUT: on_device(x, model.device)}
+    env: dict[str, Any] = {INPUT: to_device(x, model.device)}
     out = {INPUT: env[INPUT]} if INPUT in keep else {}
     with torch.inference_mode():
         for k, node in enumerate(nodes):
@@ -305,10 +294,3 @@ class Builder:
         final = self.fetch(output, HOST)
         return Program(list(self.steps), self.inputs, final)
 
-
-def graphed(call: Callable[..., Any], device: Device, examples: Sequence[torch.Tensor], graphs: bool
-            ) -> Callable[..., Any]:
-    """``call`` as a CUDA graph on a GPU (static shapes), as is elsewhere."""
-    if device.kind != "gpu" or not graphs:
-        return call
-    return device.call(lambda: graph_call(call, list(examples), device.stream))

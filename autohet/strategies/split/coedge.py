@@ -16,8 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from autohet.engine import step_seconds
 from autohet.params import FloatListParam, IntParam, Param
-from autohet.strategies.split._job import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
+from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of
 
 if TYPE_CHECKING:
     from autohet.engine import Engine
@@ -32,28 +33,18 @@ class CoEdgeJob(SpatialJob):
 
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
              baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
-        import numpy as np
-        import torch
-
         from autohet.strategies.split._programs import coedge_groups
         from autohet.strategies.split._rows import split_rows
 
-        given = self.params.get("ratios")
-        if given:
-            shares = shares_of(given, len(self.devices))
-        else:
-            speed = self.speeds(baselines())
-            total = sum(speed.values())
-            shares = tuple(speed[d] / total for d in self.devices)
+        given = self.params.get("ratios")  # else each device's speed alone (normalised by shares_of)
+        shares = shares_of(given or [self.speeds(baselines())[d] for d in self.devices], len(self.devices))
         chosen = [shares] * len(graph.chains)
         shares_out = [round(s, 4) for s in shares]
         shares_from = "given" if given else "measured speeds"
         if not self.reports:  # served: no per-layer table
             return chosen, {"ratios": shares_out, "shares_from": shares_from}
         program, tags = programs.tagged(chosen, self.how)
-        count = min(self.batch, self._count())
-        x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count))).repeat(-(-self.batch // count), 1, 1, 1)
-        feeds = {"x": x[:self.batch]}
+        feeds = {"x": self.frame()}
         per, wall = step_seconds(engine, program, feeds, tags, self.params["runs"])
         layers = []
         for c, stage in enumerate(graph.chains):

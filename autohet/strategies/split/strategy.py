@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from autohet.engine import step_seconds
 from autohet.errors import UserError
-from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam, Param
-from autohet.strategies._inprocess import default_devices
-from autohet.strategies.split._job import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of, step_seconds
+from autohet.params import FloatListParam, FloatParam, IntParam, Param
+from autohet.strategies.base import start_param
+from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of
 
 if TYPE_CHECKING:
     from autohet.engine import Engine
@@ -68,9 +69,6 @@ class SplitJob(SpatialJob):
 
     def plan(self, engine: Engine, graph: SpatialGraph, programs: StagePrograms,
              baselines: Callable[[], dict[str, dict[str, float]]]) -> tuple[list[tuple[float, ...]], dict[str, Any]]:
-        import numpy as np
-        import torch
-
         from autohet.planners.split import ChainCost, balance
         from autohet.strategies.split._rows import split_rows
         from autohet.strategies.split._slabs import DeviceModel, capture
@@ -80,11 +78,8 @@ class SplitJob(SpatialJob):
         given = given_shares(params.get("ratios"), len(chains), n) if params["start"] == "given" else None
         if given is not None and not self.reports:  # served: the given shares, no chain timed
             return given, {"ratios": _ratios(given, n), "start": "given"}
-        count = min(self.batch, self._count())
-        x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
-        x = x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
         keep = {v for c in chains for v in c.inputs}
-        feeds_all = capture(graph, DeviceModel(graph, engine["host"]), x, keep)
+        feeds_all = capture(graph, DeviceModel(graph, engine["host"]), self.frame(), keep)
         measured: dict[tuple, tuple[ChainCost, dict[str, Any]]] = {}
 
         def measure(c: int, shares: tuple[float, ...]) -> ChainCost:
@@ -127,8 +122,7 @@ class SplitStrategy(SpatialStrategy):
     name = "split"
     job = SplitJob
     params: ClassVar[dict[str, Param]] = {
-        "start": ChoiceParam("start", "greedy", choices=("greedy", "given"),
-                             help="greedy: seed 003's search per chain from r0 in steps of s0; given: use ratios"),
+        "start": start_param("greedy: seed 003's search per chain from r0 in steps of s0; given: use ratios"),
         "ratios": FloatListParam("ratios", None, low=0.0, high=1.0,
                                  help="with start=given: device 0's share of each chain's rows (two devices), or N "
                                       "shares per chain; one chain's worth applies to every chain"),
@@ -149,12 +143,9 @@ class SplitStrategy(SpatialStrategy):
         if params.get("start") == "given" and params.get("ratios") is None and devices > 1:
             raise UserError("split: start=given needs ratios (one per chain: device 0's share of its rows)")
 
-    def space_sizes(self, model: ModelSpec, spec: PoolSpec) -> dict[str, int]:
+    def vector_sizes(self, model: ModelSpec, spec: PoolSpec, devices: int) -> dict[str, int]:
         """``chains``: the ratio vector's length for the default devices (one per chain for two
         devices, N per chain for N) at the default ``max_windows``."""
-        devices = len(default_devices(spec))
-        if devices < 2:
-            return {}
         import torch
 
         from autohet.models import build_model, input_shape

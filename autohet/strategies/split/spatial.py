@@ -10,7 +10,6 @@ temperatures read around the timed run.
 
 from __future__ import annotations
 
-import time
 from abc import abstractmethod
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -25,8 +24,8 @@ from autohet.errors import UserError
 from autohet.measurement import ExecutorReport
 from autohet.objectives import RunMode
 from autohet.params import BoolParam, FloatParam, IntParam, Param
-from autohet.strategies._inprocess import DEVICES, chosen_devices, run_on_engine, serve_on_engine
-from autohet.strategies.base import Strategy
+from autohet.strategies._inprocess import DEVICES
+from autohet.strategies.base import EngineStrategy
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
@@ -35,12 +34,12 @@ if TYPE_CHECKING:
     from autohet.measurement import Measurement
     from autohet.models import ModelSpec
     from autohet.pool import Pool
-    from autohet.strategies.served import Served
+    from autohet.strategies.base import ServedBuild
     from autohet.strategies.split._chains import SpatialGraph
     from autohet.strategies.split._programs import StagePrograms
     from autohet.workload import Workload
 
-__all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of", "step_seconds"]
+__all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of"]
 
 COMMON_PARAMS: dict[str, Param] = {
     "devices": DEVICES,
@@ -54,33 +53,6 @@ COMMON_PARAMS: dict[str, Param] = {
                            help="°C: a run in which a device is measured above it is a violation (devices whose "
                                 "temperature cannot be read are reported unavailable, not checked)"),
 }
-
-
-def step_seconds(engine: Engine, program: Program, feeds: dict[str, Any], tags: dict[str, tuple[str, ...]],
-                 runs: int) -> tuple[dict[tuple[str, ...], float], float]:
-    """Median seconds per step tag over ``runs`` timed runs (after one warm-up), and the median wall:
-    of the timed runs on CPUs, of as many untimed ones when a GPU takes part (timing a GPU step
-    synchronises it)."""
-    engine.run(program, feeds)
-    gpu = any(engine[d].kind == "gpu" for d in program.devices)
-    walls = []
-    for _ in range(runs if gpu else 0):
-        start = time.perf_counter()
-        engine.run(program, feeds)
-        walls.append(time.perf_counter() - start)
-    per: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    for _ in range(runs):
-        timings: list[Any] = []
-        start = time.perf_counter()
-        engine.run(program, feeds, timings)
-        if not gpu:
-            walls.append(time.perf_counter() - start)
-        sums: dict[tuple[str, ...], float] = defaultdict(float)
-        for t in timings:
-            sums[tags.get(t.step, ("other",))] += t.seconds
-        for tag, seconds in sums.items():
-            per[tag].append(seconds)
-    return {tag: float(np.median(v)) for tag, v in per.items()}, float(np.median(walls))
 
 
 class SpatialJob(EngineJob):
@@ -108,6 +80,14 @@ class SpatialJob(EngineJob):
 
     def _count(self) -> int:
         return len(self.images) if isinstance(self.images, np.ndarray) else self.images.images
+
+    def frame(self) -> Any:
+        """One frame of ``batch`` images to plan on: the first images, repeated where there are fewer."""
+        import torch
+
+        count = min(self.batch, self._count())
+        x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
+        return x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
 
     def _run_program(self, engine: Engine, program: Program, images: int | None = None) -> dict[str, Any]:
         """The program measured the run's way: batch-1 requests, or ``images`` in frames of ``batch``."""
@@ -224,19 +204,18 @@ class Spatial:
     baselines: dict[str, dict[str, float]]
 
 
-class SpatialStrategy(Strategy):
-    """The strategy side of both row families: devices, the job, the measurement and its extras."""
+class SpatialStrategy(EngineStrategy):
+    """The strategy side of both row families: devices, the job, the measurement and its extras.
+    A row family sets ``job`` (its ``SpatialJob``: the plan) and ``params`` (with ``COMMON_PARAMS``)."""
 
     family: ClassVar[str] = "split"
     modes: ClassVar[tuple[RunMode, ...]] = (RunMode.LATENCY, RunMode.THROUGHPUT)
-    on_engine: ClassVar[bool] = True
     job: ClassVar[type[SpatialJob]]
 
-    def check_pool(self, pool: Pool, params: dict[str, Any]) -> None:
-        specs = chosen_devices(pool, params, self.name)
-        if params.get("rest") is not None and params["rest"] >= len(specs):
-            raise UserError(f"{self.name}: rest is an index into devices (0..{len(specs) - 1}), got {params['rest']}")
-        self.check_params(params, len(specs))
+    def check_devices(self, params: dict[str, Any], devices: list[str]) -> None:
+        if params.get("rest") is not None and params["rest"] >= len(devices):
+            raise UserError(f"{self.name}: rest is an index into devices (0..{len(devices) - 1}), got {params['rest']}")
+        self.check_params(params, len(devices))
 
     def check_params(self, params: dict[str, Any], devices: int) -> None:
         """What can be checked before tracing the model (subclasses)."""
@@ -247,16 +226,15 @@ class SpatialStrategy(Strategy):
         (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
         images: Any = np.ascontiguousarray(workload.rows(0, requests)) if RunMode(mode).per_request else workload
         batch = params.get("batch") or min(s.batch for s in specs)
-        gpus = [int(s.gpu or 0) for s in specs if s.kind == "gpu"]
-        return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.kind == "cpu" for s in specs),
+        gpus = [int(s.gpu or 0) for s in specs if s.uses_gpu]
+        return self.job(model, mode, images, [s.name for s in specs], gpus, any(not s.uses_gpu for s in specs),
                         {**params, "batch": batch}, seconds)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
+               mode: RunMode, sample: Workload) -> tuple[ServedBuild, int]:
         """The split program on an engine of this process: batch-1 requests (latency) or frames of
         ``batch``, two in flight. Given shares and ``rest`` are used as they are; what the params leave
         open (greedy ratios, ``rest``, coedge's speed shares) is measured once, here."""
-        specs = chosen_devices(pool, params, self.name)
-        self.check_params(params, len(specs))
         job = self._job(specs, model, mode, sample, min(4, sample.images), params, 0.5)
         job.reports = False
 
@@ -265,7 +243,7 @@ class SpatialStrategy(Strategy):
             return built.program, 2, {"rest": built.rest, "ratios": built.planning.get("ratios"),
                                       "measured_alone": sorted(built.baselines)}
 
-        return serve_on_engine(specs, build, job.batch)
+        return build, job.batch
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """``rest`` and the shares the run used (split: per chain, with ``start: given``)."""
@@ -279,14 +257,14 @@ class SpatialStrategy(Strategy):
                 out["start"] = "given"
         return out
 
-    def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
+    def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> SpatialJob:
+        return self._job(specs, ctx.model, ctx.mode, ctx.workload, min(ctx.latency_runs, ctx.workload.images), params,
+                         ctx.standalone_seconds)
+
+    def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
+                    out: dict[str, Any]) -> Measurement:
         from autohet.strategies.thermal import temperature_violation as violation
 
-        specs = chosen_devices(pool, params, self.name)
-        self.check_params(params, len(specs))
-        job = self._job(specs, ctx.model, ctx.mode, ctx.workload, min(ctx.latency_runs, ctx.workload.images), params,
-                        ctx.standalone_seconds)
-        out = run_on_engine(pool, job, specs, ctx.deadline_s, self.name)
         outputs = out.pop("outputs")
         busy = out.pop("busy_s")
         precision = tolerance_for([s.precision for s in specs])
