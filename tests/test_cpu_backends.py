@@ -126,3 +126,15 @@ def test_openvino_bf16_runs_bf16_where_the_cpu_has_it(cache, lenet_workload):
     assert ex.describe()["openvino_precision"] == "bf16"
     ref = reference(lenet_workload, 0, 32)
     assert np.max(np.abs(ex.run(0, 32).outputs - ref)) < 5e-2 * np.max(np.abs(ref))
+
+
+def test_openvino_spreads_a_call_evenly_over_its_requests():
+    """A call of several batches keeps every request busy with pieces of at most a batch (15 requests,
+    batch 16: 128 images in pieces of 9, not 64 pieces of 2), and a single batch still uses them all."""
+    from autohet.executors.cpu_backends._openvino import piece_size
+
+    assert piece_size(128, 15, 16) == 9
+    assert piece_size(16, 15, 16) == 2
+    assert piece_size(512, 15, 16) == 16
+    assert piece_size(3, 2, 16) == 2
+    assert piece_size(1, 4, 16) == 1
