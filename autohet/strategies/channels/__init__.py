@@ -9,19 +9,11 @@ one model's measured costs and plans on an engine. The pairing heuristic is a pu
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autohet._lazy import lazy_exports
 
 __all__ = ["ChannelsSession"]
 
-# name -> the private module that defines it (imported on first use: the package stays light)
-_PUBLIC = {
+# name -> the private module that defines it, imported on first use
+__getattr__ = lazy_exports(__name__, {
     "ChannelsSession": "_session",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The family's pieces that benches and tools use (see ``_PUBLIC``), imported on first use."""
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(name)
+})

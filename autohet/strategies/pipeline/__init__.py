@@ -8,14 +8,13 @@ nodes). The cut is a pure planner: ``autohet.planners.stages``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autohet._lazy import lazy_exports
 
 __all__ = ["PipelineJob", "StagePrograms", "given_stage_plan", "measure_stage", "model_graph", "stage_programs",
            "steady_frame_seconds", "value_shapes"]
 
-# name -> the private module that defines it (imported on first use: the package stays light)
-_PUBLIC = {
+# name -> the private module that defines it, imported on first use
+__getattr__ = lazy_exports(__name__, {
     "PipelineJob": "_job",
     "StagePrograms": "_plan",
     "given_stage_plan": "_plan",
@@ -24,11 +23,4 @@ _PUBLIC = {
     "stage_programs": "_job",
     "steady_frame_seconds": "_job",
     "value_shapes": "_plan",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The family's pieces that benches and tools use (see ``_PUBLIC``), imported on first use."""
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(name)
+})

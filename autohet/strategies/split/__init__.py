@@ -10,22 +10,14 @@ The ratio search is a pure planner: ``autohet.planners.split``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autohet._lazy import lazy_exports
 
 __all__ = ["DeviceModel", "StagePrograms", "capture", "spatial_graph"]
 
-# name -> the private module that defines it (imported on first use: the package stays light)
-_PUBLIC = {
+# name -> the private module that defines it, imported on first use
+__getattr__ = lazy_exports(__name__, {
     "DeviceModel": "_slabs",
     "StagePrograms": "_programs",
     "capture": "_slabs",
     "spatial_graph": "_chains",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """The family's pieces that benches and tools use (see ``_PUBLIC``), imported on first use."""
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"{__name__}.{_PUBLIC[name]}"), name)
-    raise AttributeError(name)
+})
