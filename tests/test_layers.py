@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "autohet"
 
 LAYERS = [
-    ["autohet.errors", "autohet.yaml_files", "autohet._tv", "autohet.params", "autohet.objectives",
+    ["autohet.errors", "autohet.yaml_files", "autohet._tv", "autohet._lazy", "autohet.params", "autohet.objectives",
      "autohet.measurement", "autohet.workload", "autohet.models", "autohet.platform_info", "autohet.ray_runtime",
      "autohet.telemetry", "autohet.heap", "autohet.host_copy"],
     ["autohet.executors", "autohet.partition", "autohet.planners", "autohet.backends"],
