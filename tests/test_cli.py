@@ -95,6 +95,7 @@ def test_run_in_process_json_has_the_documented_keys(capsys):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_done_when_command_through_ray(tmp_path):
     """The issue's acceptance command (fewer images to keep CI short), through the console script."""
     proc = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--model", "lenet", "--strategy",
@@ -161,6 +162,7 @@ def test_pool_suited_defaults_apply_only_when_none_of_their_keys_is_given():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 @pytest.mark.parametrize("sig, code, word", [(15, 143, "terminated"), (2, 130, "interrupted")])
 def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, word):
     """The signal is sent once the command says it started its executors (a line on its stderr

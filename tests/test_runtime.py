@@ -68,7 +68,7 @@ def close_to(out: np.ndarray, ref: np.ndarray) -> None:
     assert float(np.abs(out - ref).max()) <= tol
 
 
-@pytest.mark.parametrize("model", ["lenet", "resnet18"])
+@pytest.mark.parametrize("model", ["lenet", pytest.param("resnet18", marks=pytest.mark.slow)])  # resnet18: 10-20 s
 @pytest.mark.parametrize("family", FAMILIES)
 def test_each_family_returns_the_reference_for_a_call_a_stream_and_two_threads(tmp_path, model, family):
     strategy, objective, params = family_params(model, family)
@@ -228,6 +228,7 @@ def test_import_autohet_stays_light():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_a_ray_executor_that_dies_mid_call_loses_nothing(tmp_path, ray_local, caplog):
     """SIMULATED executors on Ray actors (outputs are image indices): s1's process exits on its third
     unit, inside a call; its unit is re-run on the others, every output comes back in order, the
