@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -173,10 +174,17 @@ def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, wor
                              "actors/cpu2.yaml", "--batches", "1,2,4,8,16,32", "--seconds", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "measure" in line or "standalone" in line:
-            break
+    watchdog = threading.Timer(300, proc.kill)  # bounded: a command that never starts is killed, its pipe closes
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "measure" in line or "standalone" in line:
+                break
+    finally:
+        watchdog.cancel()
+    assert proc.poll() is None, "the command ended or was killed (300 s) before it started its executors: " + \
+        "".join(lines)[-2000:]
     proc.send_signal(signals.Signals(sig))
     out, rest = proc.communicate(timeout=120)
     err = "".join(lines) + rest

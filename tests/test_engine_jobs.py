@@ -23,7 +23,7 @@ class BlockedJob(EngineJob):
         self.release = release
 
     def run(self, engine):
-        self.release.wait()
+        self.release.wait(120)  # bounded: a run_job that ignored its deadline returns late, not never
         return {"devices": sorted(engine.devices)}
 
 
