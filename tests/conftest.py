@@ -13,13 +13,17 @@ __all__ = ["sim_pool_spec"]
 
 def pytest_collection_modifyitems(config, items):
     """The test tiers: a test that uses the Ray fixture is a ``ray`` test (marked here, so it never
-    runs in the Ray-free tier by omission); ``gpu`` tests skip without a CUDA GPU."""
+    runs in the Ray-free tier by omission); every ``ray`` test is also ``slow`` (a Ray start alone
+    takes 8-20 s on the 2-core box: the quick tier, ``-m "not slow"``, stays under 3 minutes);
+    ``gpu`` tests skip without a CUDA GPU."""
     import torch
 
-    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU")
+    no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
     for item in items:
         if "ray_local" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("ray") is not None and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
         if no_gpu is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)
 

@@ -12,14 +12,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subprocess and take 30-180 s
+RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subprocess and take 30-180 s; all are slow
 
 
 @pytest.mark.parametrize("bench", [pytest.param("actor_path", marks=RAY_SLOW),
                                    pytest.param("data_parallel", marks=RAY_SLOW),
                                    pytest.param("tune_speed", marks=RAY_SLOW),
                                    pytest.param("cpu_peers", marks=RAY_SLOW),
-                                   pytest.param("serve_load", marks=RAY_SLOW), "runtime_load"])
+                                   pytest.param("serve_load", marks=RAY_SLOW),
+                                   pytest.param("runtime_load", marks=pytest.mark.slow)])  # no Ray, ~8 s
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,

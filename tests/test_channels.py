@@ -311,6 +311,7 @@ def test_space_sizes_and_search_space():
     assert dims["shares"].size == "layers" and dims["pairing"].when == ("start", "given")
 
 
+@pytest.mark.slow  # a benchmark subprocess, 5-9 s on the 2-core box, as the other bench smokes
 def test_bench_smoke(tmp_path):
     import json
     import subprocess

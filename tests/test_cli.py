@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -95,6 +96,7 @@ def test_run_in_process_json_has_the_documented_keys(capsys):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_done_when_command_through_ray(tmp_path):
     """The issue's acceptance command (fewer images to keep CI short), through the console script."""
     proc = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--model", "lenet", "--strategy",
@@ -161,6 +163,7 @@ def test_pool_suited_defaults_apply_only_when_none_of_their_keys_is_given():
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 @pytest.mark.parametrize("sig, code, word", [(15, 143, "terminated"), (2, 130, "interrupted")])
 def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, word):
     """The signal is sent once the command says it started its executors (a line on its stderr
@@ -171,10 +174,17 @@ def test_a_signal_ends_the_command_in_one_line_with_ray_shut_down(sig, code, wor
                              "actors/cpu2.yaml", "--batches", "1,2,4,8,16,32", "--seconds", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
-    for line in proc.stderr:
-        lines.append(line)
-        if "measure" in line or "standalone" in line:
-            break
+    watchdog = threading.Timer(300, proc.kill)  # bounded: a command that never starts is killed, its pipe closes
+    watchdog.start()
+    try:
+        for line in proc.stderr:
+            lines.append(line)
+            if "measure" in line or "standalone" in line:
+                break
+    finally:
+        watchdog.cancel()
+    assert proc.poll() is None, "the command ended or was killed (300 s) before it started its executors: " + \
+        "".join(lines)[-2000:]
     proc.send_signal(signals.Signals(sig))
     out, rest = proc.communicate(timeout=120)
     err = "".join(lines) + rest

@@ -244,9 +244,9 @@ def test_the_sampling_thread_tracks_the_max_temperature_and_stops():
     temps = iter([40.0, 70.0] + [55.0] * 10_000)
     meter = EnergyMeter(Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": next(temps)})]), interval_s=0.001)
     with meter:
-        for _ in range(60_000):  # the thread samples every 1 ms: a minute is a stuck thread, not a slow one
-            if (meter.result(0).temp_max_c or 0.0) >= 70:  # the thread's sample
-                break
+        deadline = time.monotonic() + 60  # the thread samples every 1 ms: a minute is a stuck thread, not a slow one
+        while (meter.result(0).temp_max_c or 0.0) < 70:  # the thread's sample
+            assert time.monotonic() < deadline, "the sampling thread took no second sample within 60 s"
             time.sleep(0.001)  # wait for it without holding the GIL in a spin
     assert not meter._thread.is_alive()
     assert meter.result(0).metrics()["temp_gpu0_max_c"] == 70.0
@@ -295,23 +295,27 @@ def lenet_ctx(images: int = 300, mode: str = "throughput"):
 
 
 def test_every_run_through_run_strategy_carries_its_energy_or_why_not():
-    import time
-
     from autohet.commands.run import report
     from autohet.pool import LocalPool, load_pool
     from autohet.running import energy_sources, run_strategy
     from autohet.tuning.trainable import trial_metrics
 
-    start = time.monotonic()
-    counter = EnergyCounter("gpu0", lambda: 200.0 * (time.monotonic() - start))  # 200 W, whatever runs
-    meter = EnergyMeter(Sources([counter], unavailable={"energy_cpu": "no /sys/class/powercap"}), interval_s=None)
+    clock = Clock()
+
+    def joules() -> float:  # 200 W on the meter's own clock: each read is one more fake second
+        clock.sleep(1.0)
+        return 200.0 * clock.t
+
+    counter = EnergyCounter("gpu0", joules)
+    meter = EnergyMeter(Sources([counter], unavailable={"energy_cpu": "no /sys/class/powercap"}), clock=clock,
+                        interval_s=None)
     pool = LocalPool(load_pool(str(REPO / "actors/cpu2.yaml")))
     try:
         m = run_strategy("hat", {}, pool, lenet_ctx(), meter=meter)
         assert m.output_ok
         energy = m.extra["energy"]
         assert energy["energy_j_per_image"] == pytest.approx(energy["energy_j"] / m.images)
-        assert energy["power_avg_w"] == pytest.approx(200.0, rel=0.05)
+        assert energy["power_avg_w"] == pytest.approx(200.0)  # exact: the run's span cut from a constant 200 W
         assert m.extra["unavailable"]["energy_cpu"] == "no /sys/class/powercap"
         metrics = trial_metrics(m)
         assert metrics["energy_j_per_image"] == energy["energy_j_per_image"] and "energy_gpu0_j" in metrics
@@ -417,25 +421,38 @@ def fake_result(strategy: str, ips: float, watts: float, status: str, index: int
     return result
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    """A tune of TRIALS in an MLflow store under tmp_path, recorded as the tuner records one."""
+@pytest.fixture(scope="module")
+def mlflow_db(tmp_path_factory) -> str:
+    """One MLflow store for the module (making one costs seconds): each test has its own experiment."""
+    return f"sqlite:///{tmp_path_factory.mktemp('runs') / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def tune_store(mlflow_db, tmp_path_factory):
+    """A tune of TRIALS in an MLflow store, recorded as the tuner records one (made once: the tests
+    read it; the export test writes only its own YAML files beside it)."""
     from autohet.objectives import ObjectiveSet
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome
 
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}"
-    (tmp_path / "runs").mkdir()
-    client = mlflow_client(uri)
-    exp_id = ensure_experiment(client, "pareto", uri)
-    parent = client.create_run(exp_id, run_name="tune", tags={"autohet_kind": "tune"}).info.run_id
-    client.log_param(parent, "objective", "throughput,energy")
-    logger = TrialLogger(uri, exp_id, parent, {})
-    ids = [logger.log(i + 1, {"strategy": s}, fake_result(s, ips, w, st, i)) for i, (s, ips, w, st) in
-           enumerate(TRIALS)]
-    outcome = record_outcome(client, "pareto", exp_id, parent, ObjectiveSet.parse("throughput,energy"),
-                             tmp_path / "runs" / "pareto", {"cpu_model": "test"})
-    return SimpleNamespace(uri=uri, client=client, parent=parent, ids=ids, outcome=outcome, path=tmp_path)
+    path = tmp_path_factory.mktemp("pareto")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(path)
+        client = mlflow_client(mlflow_db)
+        exp_id = ensure_experiment(client, "pareto", mlflow_db)
+        parent = client.create_run(exp_id, run_name="tune", tags={"autohet_kind": "tune"}).info.run_id
+        client.log_param(parent, "objective", "throughput,energy")
+        logger = TrialLogger(mlflow_db, exp_id, parent, {})
+        ids = [logger.log(i + 1, {"strategy": s}, fake_result(s, ips, w, st, i)) for i, (s, ips, w, st) in
+               enumerate(TRIALS)]
+        outcome = record_outcome(client, "pareto", exp_id, parent, ObjectiveSet.parse("throughput,energy"),
+                                 path / "runs" / "pareto", {"cpu_model": "test"})
+    return SimpleNamespace(uri=mlflow_db, client=client, parent=parent, ids=ids, outcome=outcome, path=path)
+
+
+@pytest.fixture
+def store(tune_store, monkeypatch):
+    monkeypatch.chdir(tune_store.path)
+    return tune_store
 
 
 def test_the_front_is_tagged_plotted_and_never_holds_a_violation(store):
@@ -482,12 +499,12 @@ def test_export_picks_a_front_point_by_constraint_and_it_reruns(store, capsys):
     assert rerun["strategy"] == "quick" and rerun["output_ok"] is True and "energy" in rerun["extra"]
 
 
-def test_no_front_where_energy_was_never_measured_and_the_note_says_why(tmp_path, monkeypatch):
+def test_no_front_where_energy_was_never_measured_and_the_note_says_why(tmp_path, monkeypatch, mlflow_db):
     from autohet.objectives import ObjectiveSet
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome
 
     monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_db
     client = mlflow_client(uri)
     exp_id = ensure_experiment(client, "cpu", uri)
     parent = client.create_run(exp_id, tags={"autohet_kind": "tune"}).info.run_id

@@ -23,7 +23,7 @@ class BlockedJob(EngineJob):
         self.release = release
 
     def run(self, engine):
-        self.release.wait()
+        self.release.wait(120)  # bounded: a run_job that ignored its deadline returns late, not never
         return {"devices": sorted(engine.devices)}
 
 
@@ -53,6 +53,7 @@ def test_a_job_in_time_returns_its_result_with_or_without_a_deadline() -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_the_engine_actor_is_stopped_past_the_deadline_and_the_next_job_gets_a_fresh_one(ray_local) -> None:
     with pytest.raises(RunTimeout, match="pipeline did not finish within 1 s .its engine was stopped"):
         run_job(SleepingJob(300.0), SPECS, on_ray=True, deadline_s=1.0, what="pipeline")
@@ -140,6 +141,8 @@ def test_pinned_host_pins_a_bank_in_place_only_where_a_gpu_can_and_undoes_it() -
             assert pinned and torch.from_numpy(bank).is_pinned()
 
 
+@pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_answer_or_none_gives_a_ready_answer_and_none_for_a_busy_or_dead_actor(ray_local) -> None:
     """Ray: the end of a tune asks its manager with a bound (``answer_or_none``), so a manager stuck in
     an executor's set-up (a compile cannot be interrupted) does not hold the command past its budget."""

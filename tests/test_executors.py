@@ -182,12 +182,12 @@ def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     def cpu_group() -> None:
         own_threads(2)
         group_set.set()
-        feeder_set.wait()
+        feeder_set.wait(60)
         torch.ones(64, 64) @ torch.ones(64, 64)  # its first op
         seen.append(torch.get_num_threads())
 
     def gpu_feeder() -> None:
-        group_set.wait()
+        group_set.wait(60)
         own_threads(1)
         feeder_set.set()
 
@@ -195,7 +195,8 @@ def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a thread still runs after 60 s"
     assert seen == [2]
 
 
@@ -222,7 +223,8 @@ def test_a_cpu_groups_team_is_bound_one_thread_to_a_core_where_asked(monkeypatch
 
     t = threading.Thread(target=group)
     t.start()
-    t.join()
+    t.join(60)
+    assert not t.is_alive(), "the group's thread still runs after 60 s"
     assert seen == {"me": {0}, "team": [{1}], "new": set(), "threads": 2}
 
 

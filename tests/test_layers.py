@@ -29,12 +29,16 @@ LAYERS = [
 ]
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+def find_modules(root: Path) -> dict[str, Path]:
+    return {module_name(p, root): p for p in root.rglob("*.py")}
+
+
+MODULES = find_modules(ROOT)
 
 
 def layer(module: str) -> int:
@@ -44,15 +48,15 @@ def layer(module: str) -> int:
     raise AssertionError(f"{module} is in no layer: add it to tests/test_layers.py LAYERS")
 
 
-def resolve(name: str) -> str:
+def resolve(name: str, modules: dict[str, Path]) -> str:
     """The module an import names: the longest known module prefix of it."""
-    while name not in MODULES and "." in name:
+    while name not in modules and "." in name:
         name = name.rsplit(".", 1)[0]
     return name
 
 
-def imports(module: str) -> set[str]:
-    tree = ast.parse(MODULES[module].read_text())
+def imports(module: str, modules: dict[str, Path]) -> set[str]:
+    tree = ast.parse(modules[module].read_text())
     out: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -61,38 +65,34 @@ def imports(module: str) -> set[str]:
             names = [f"{node.module}.{a.name}" for a in node.names]
         else:
             continue
-        out |= {resolve(n) for n in names if n.startswith("autohet.")}
+        out |= {resolve(n, modules) for n in names if n.startswith("autohet.")}
     out.discard(module)
     return out
 
 
-GRAPH = {m: imports(m) for m in MODULES if m != "autohet"}
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    return {m: imports(m, modules) for m in modules if m != "autohet"}
 
 
-def test_every_module_has_a_layer() -> None:
-    for module in GRAPH:
-        layer(module)
+def upward(graph: dict[str, set[str]], module: str) -> list[str]:
+    """The modules ``module`` imports from a higher layer."""
+    return sorted(t for t in graph[module] if t != "autohet" and layer(t) > layer(module))
 
 
-@pytest.mark.parametrize("module", sorted(GRAPH))
-def test_imports_point_down(module: str) -> None:
-    up = sorted(t for t in GRAPH[module] if t != "autohet" and layer(t) > layer(module))
-    assert not up, f"{module} (layer {layer(module)}) imports {up} from a higher layer"
-
-
-def test_no_import_circles() -> None:
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other in a circle (Tarjan's strongly connected components)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
     on_stack: set[str] = set()
     circles: list[list[str]] = []
 
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
+    def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
-        for w in GRAPH.get(v, ()):
-            if w not in GRAPH:
+        for w in graph.get(v, ()):
+            if w not in graph:
                 continue
             if w not in index:
                 visit(w)
@@ -110,16 +110,55 @@ def test_no_import_circles() -> None:
             if len(component) > 1:
                 circles.append(sorted(component))
 
-    for v in sorted(GRAPH):
+    for v in sorted(graph):
         if v not in index:
             visit(v)
+    return circles
+
+
+GRAPH = import_graph(MODULES)
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in GRAPH:
+        layer(module)
+
+
+@pytest.mark.parametrize("module", sorted(GRAPH))
+def test_imports_point_down(module: str) -> None:
+    up = upward(GRAPH, module)
+    assert not up, f"{module} (layer {layer(module)}) imports {up} from a higher layer"
+
+
+def test_no_import_circles() -> None:
+    circles = import_circles(GRAPH)
     assert not circles, f"import circles: {circles}"
 
 
-def test_the_checker_sees_lazy_and_type_only_imports(tmp_path) -> None:
-    """A known upward import inside a function and one under TYPE_CHECKING are both found."""
-    code = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from autohet.tuning import tuner\n"
-            "def f():\n    from autohet.cli import main\n")
-    tree = ast.parse(code)
-    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module.startswith("autohet")}
-    assert found == {"autohet.tuning", "autohet.cli"}
+def test_the_checker_reports_upward_lazy_type_only_imports_and_circles(tmp_path) -> None:
+    """The checker run on a crafted package: an upward import inside a function, one under
+    TYPE_CHECKING and one at module level are each reported; a downward one is not; a circle is found."""
+    pkg = tmp_path / "autohet"
+    for sub in ("tuning", "pool"):
+        (pkg / sub).mkdir(parents=True)
+    files = {
+        "__init__.py": "",
+        "errors.py": "import autohet.workload\n",  # sideways, same layer: fine
+        "workload.py": "import autohet.errors\n",  # closes a circle with errors
+        "measurement.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from autohet.tuning import tuner\n"
+                           "def f():\n    from autohet.cli import main\n"),
+        "heap.py": "from autohet.pool.spec import PoolSpec\n",  # module level
+        "context.py": "from autohet.errors import UserError\n",  # downward: fine
+        "cli.py": "",
+        "tuning/__init__.py": "",
+        "tuning/tuner.py": "",
+        "pool/__init__.py": "",
+        "pool/spec.py": "",
+    }
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = import_graph(find_modules(pkg))
+    assert upward(graph, "autohet.measurement") == ["autohet.cli", "autohet.tuning.tuner"]
+    assert upward(graph, "autohet.heap") == ["autohet.pool.spec"]
+    assert upward(graph, "autohet.context") == upward(graph, "autohet.errors") == []
+    assert import_circles(graph) == [["autohet.errors", "autohet.workload"]]

@@ -51,13 +51,18 @@ def test_each_param_kind_converts_checks_and_says_whether_it_contains_a_value():
     assert not IntParam("n").contains(True) and not IntParam("n").contains("3")
 
 
-def test_synthetic_workload_is_seeded_and_bounded():
+def test_synthetic_workload_is_seeded_and_bounded(monkeypatch):
     a = Workload.from_spec(WorkloadSpec(100, (1, 28, 28), seed=3))
     b = Workload.from_spec(WorkloadSpec(100, (1, 28, 28), seed=3))
     assert np.array_equal(a.rows(0, 100), b.rows(0, 100))
+    per_image = 3 * 224 * 224 * 4
+    assert MAX_DISTINCT_BYTES // per_image < 10_000  # the real cap bounds 10,000 ImageNet images
+    # the cap applied, at 8 MB instead of the real 512 (drawing 512 MB of normals takes seconds)
+    monkeypatch.setattr("autohet.workload.MAX_DISTINCT_BYTES", 8 * 1024 * 1024)
     big = Workload.from_spec(WorkloadSpec(10_000, (3, 224, 224)))
-    assert big.bank.nbytes <= MAX_DISTINCT_BYTES
+    assert big.images == 10_000 and big.bank.nbytes <= 8 * 1024 * 1024
     n = len(big.bank)
+    assert n == 8 * 1024 * 1024 // per_image
     assert np.array_equal(big.rows(n - 2, 4)[2:], big.rows(0, 2))  # cycles through the bank
 
 

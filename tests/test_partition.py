@@ -23,7 +23,8 @@ def _max_diff(name: str, batch: int = 2, **kwargs: object) -> tuple[float, objec
     return (got - want).abs().max().item(), graph
 
 
-@pytest.mark.parametrize("name", ["lenet", "cifarnet", "resnet18", "googlenet", "vgg11"])
+@pytest.mark.parametrize("name", ["lenet", "cifarnet", "resnet18", pytest.param("googlenet", marks=pytest.mark.slow),
+                                  pytest.param("vgg11", marks=pytest.mark.slow)])  # those two: 15-20 s
 def test_block_chain_reproduces_the_model(name: str) -> None:
     diff, graph = _max_diff(name)
     assert diff < 1e-4
@@ -70,6 +71,7 @@ def test_googlenet_cuts_after_each_inception_concat() -> None:
     assert all("cat" in b.ops for b in inception)
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_vgg16_gives_five_conv_blocks_and_the_classifier() -> None:
     graph = partition("vgg16")
     assert len(graph.blocks) == 6

@@ -238,6 +238,7 @@ def test_wrong_length_or_index_is_a_one_line_user_error() -> None:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_wrong_length_through_the_ray_actor_is_the_same_one_line_error(ray_local) -> None:
     from autohet.pool import RayPool, load_pool
     from autohet.running import run_strategy

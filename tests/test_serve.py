@@ -261,8 +261,15 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
                             env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
-        ready = [proc.stdout.readline() for _ in range(2)]
-        assert "2 replicas: exec-cpu0 on cpu[0]" in ready[1], ready + [proc.stderr.read()[-3000:]]
+        # bounded: a service that never says it is ready is killed, its pipe closes and the assertion says so
+        watchdog = threading.Timer(300, os.killpg, (proc.pid, signal.SIGKILL))
+        watchdog.start()
+        try:
+            ready = [proc.stdout.readline() for _ in range(2)]
+        finally:
+            watchdog.cancel()
+        assert "2 replicas: exec-cpu0 on cpu[0]" in ready[1], \
+            ["not ready within 300 s (killed)" if proc.poll() is not None else "", *ready, proc.stderr.read()[-3000:]]
         assert f"at http://127.0.0.1:{port}: POST /v1/predict" in ready[0]
         status, _, body = http(url + "/healthz")
         health = json.loads(body)
@@ -345,7 +352,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            proc.wait(timeout=60)
 
 
 @pytest.mark.slow

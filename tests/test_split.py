@@ -212,7 +212,7 @@ def run(name: str, mode: str, params: dict | None = None, model: str = "lenet"):
         pool.shutdown()
 
 
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
+@pytest.mark.parametrize("mode", ["latency", pytest.param("throughput", marks=pytest.mark.slow)])  # ~8 s
 def test_split_runs_checked_with_baselines_chain_timings_and_temperature(mode):
     m = run("split", mode, {"runs": 2, "batch": 32})
     assert m.output_ok, m.failures
@@ -229,7 +229,7 @@ def test_split_runs_checked_with_baselines_chain_timings_and_temperature(mode):
         assert m.latency_ms["p50"] > 0 and m.limit_ips is None
 
 
-@pytest.mark.parametrize("mode", ["latency", "throughput"])
+@pytest.mark.parametrize("mode", ["latency", pytest.param("throughput", marks=pytest.mark.slow)])  # ~8 s
 def test_coedge_runs_checked_with_a_per_layer_table(mode):
     m = run("coedge", mode, {"runs": 1, "batch": 32})
     assert m.output_ok, m.failures

@@ -24,6 +24,7 @@ def tvm_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "tvm"
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_tvm_cpu_block_matches_torch_and_is_cached(tvm_dir: Path) -> None:
     graph = partition("lenet", batch=2)
     block = graph.blocks[1]
@@ -236,6 +237,7 @@ def test_partial_database_lines_are_dropped(tmp_path: Path) -> None:
     assert path.read_bytes() == b'[0, [1, 2]]\n[1, [3, 4]]\n' and _count_lines(path) == 2
 
 
+@pytest.mark.slow  # more than 10 s on the 2-core box
 def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
         tvm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """backend=per_block: each (block, device) runs with torch or TVM, whichever measured faster;
