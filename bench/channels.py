@@ -24,6 +24,7 @@ import numpy as np
 from autohet.context import TOLERANCE, tolerance_for
 from autohet.engine import build_engine
 from autohet.models import ModelSpec, build_model, input_shape
+from autohet.objectives import RunMode
 from autohet.pool import detect_executors
 from autohet.strategies.channels import ChannelsSession
 from autohet.workload import Workload, WorkloadSpec
@@ -44,7 +45,7 @@ def devices(smoke: bool, sms: int | None, precision: str) -> list:
 
 def _figure(session: ChannelsSession, out: dict[str, Any]) -> float:
     """p50 ms (latency) or images/s (throughput) of one measured plan."""
-    if session.mode == "latency":
+    if RunMode(session.mode).per_request:
         return float(np.median(out["times_s"])) * 1e3
     return session.workload.images / out["wall_s"]
 
@@ -62,7 +63,7 @@ def _tune(session: ChannelsSession, trials: int, start: Any, run: Any) -> tuple[
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     n = len(session.names)
-    sign = 1.0 if session.mode == "latency" else -1.0
+    sign = RunMode(session.mode).pick(1.0, -1.0)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
     first = {f"pair{i}": start.pairing[i] for i in range(n) if session.costs[i].pairs_next}
     if len(session.devices) == 2:
@@ -85,7 +86,8 @@ def _tune(session: ChannelsSession, trials: int, start: Any, run: Any) -> tuple[
 
 def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argparse.Namespace,
                 precision: str) -> list[dict[str, Any]]:
-    images = args.requests if mode == "latency" else args.images
+    run_mode = RunMode(mode)
+    images = run_mode.pick(args.requests, args.images)
     workload = Workload.from_spec(WorkloadSpec(images, input_shape(model)))
     params = {"graphs": args.graphs, "runs": args.runs, "batch": args.batch, "depth": 2, "rest": None}
     session = ChannelsSession(engine, ModelSpec(model), mode, workload, args.requests, names, params,
@@ -95,14 +97,14 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
     with torch.inference_mode():
         head = min(16, images)
         reference = build_model(model)(torch.from_numpy(np.ascontiguousarray(workload.rows(0, head)))).numpy()
-    unit = "p50_ms" if mode == "latency" else "ips"
-    best_single = (min if mode == "latency" else max)(session.baselines.values())
+    unit = run_mode.pick("p50_ms", "ips")
+    best_single = run_mode.pick(min, max)(session.baselines.values())
     rows: list[dict[str, Any]] = []
 
     def run(plan: Any) -> float:
         out = session.measure(plan)
         ok = _check(session, out["outputs"], reference, precision)
-        return _figure(session, out) if ok else (float("inf") if mode == "latency" else 0.0)
+        return _figure(session, out) if ok else run_mode.pick(float("inf"), 0.0)
 
     planned = session.plan()
     report = session.report(planned, compare=True)
@@ -117,7 +119,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
         out = session.measure(plan)
         figure = _figure(session, out)
         rows.append({"model": model, "mode": mode, "row": "plan", "name": variant, unit: figure,
-                     "measured_ms": figure if mode == "latency" else 1e3 * args.batch / figure,
+                     "measured_ms": figure if run_mode.per_request else 1e3 * args.batch / figure,
                      "modelled_ms": plan.modelled_s * 1e3, f"best_single_{unit}": best_single,
                      "vs_best_single": figure / best_single, "output_ok": _check(session, out["outputs"], reference,
                                                                                  precision),
@@ -128,7 +130,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
         out = session.measure(plan)
         figure = _figure(session, out)
         rows.append({"model": model, "mode": mode, "row": "plan", "name": f"tuned ({args.tune} trials)", unit: figure,
-                     "measured_ms": figure if mode == "latency" else 1e3 * args.batch / figure,
+                     "measured_ms": figure if run_mode.per_request else 1e3 * args.batch / figure,
                      "modelled_ms": plan.modelled_s * 1e3, f"best_single_{unit}": best_single,
                      "vs_best_single": figure / best_single,
                      "output_ok": _check(session, out["outputs"], reference, precision), "pairing": plan.pairing,

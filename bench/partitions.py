@@ -21,6 +21,7 @@ from autohet.context import RunContext
 from autohet.executors import ExecutorSpec
 from autohet.executors.green import equal_share
 from autohet.models import ModelSpec, input_shape
+from autohet.objectives import RunMode
 from autohet.pool import LocalPool, PoolSpec, RayPool, StandaloneCache
 from autohet.ray_runtime import init_ray
 from autohet.running import run_strategy
@@ -72,7 +73,7 @@ def in_process(model: str, half: int) -> list[dict[str, Any]]:
         from autohet.strategies import get_strategy
 
         for mode in get_strategy(strategy).modes:
-            workload = Workload.from_spec(WorkloadSpec(512 if mode == "throughput" else 32, input_shape(model)))
+            workload = Workload.from_spec(WorkloadSpec(RunMode(mode).pick(32, 512), input_shape(model)))
             ctx = RunContext(ModelSpec(model), workload, check_images=16, mode=mode, latency_runs=20)
             try:
                 m = run_strategy(strategy, {"devices": [0, 1]}, LocalPool(spec), ctx)

@@ -95,6 +95,7 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
     offline figure (stream img/s, or batch-1 p50 for a latency config)."""
     import autohet
     from autohet.context import TOLERANCE
+    from autohet.objectives import RunMode
     from autohet.runtime.images import preprocessing_for
     from autohet.service.requests import decode_image
     from bench.runtime_load import stream_ips
@@ -114,7 +115,7 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
                             [out[s : s + args.npy_batch] for s in split], args.npy_batch,
                             accept="application/x-npy" if args.accept == "npy" else "application/json")
         figures: dict[str, Any] = {"tolerance": TOLERANCE[runner.served.precision], "batch": runner.batch}
-        if runner.mode == "latency":
+        if RunMode(runner.mode).per_request:
             one = np.ascontiguousarray(inputs[:1])
             times = []
             for _ in range(args.latency_calls):
