@@ -124,7 +124,7 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
                 times.append(time.perf_counter() - start)
             figures["offline_p50_ms"] = 1000 * float(np.percentile(times, 50))
         else:
-            figures["offline_ips"] = stream_ips(runner, args.offline_images, max(1, runner.batch))
+            figures["offline_ips"] = stream_ips(runner, args.offline_images, max(1, runner.batch))[0]
         figures["objective"], figures["strategy"], figures["model"] = runner.mode, runner.config.strategy, \
             runner.model.name
     return bodies, figures

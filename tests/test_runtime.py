@@ -219,6 +219,20 @@ def test_a_large_copy_split_over_threads_gives_the_same_rows():
     assert _pool().submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == _cores()
 
 
+def test_parts_copied_at_once_land_in_order():
+    """``host_copy.copy_parts`` (a window's batches into one buffer): every part's chunks on the threads
+    at once, each landing at its own rows, a dtype conversion included, small parts too."""
+    import torch
+
+    from autohet.host_copy import copy_parts
+
+    parts = [torch.randn(n, 512, 1024) for n in (70, 3, 41, 1)]  # 140 MB, 6 MB, 86 MB, 2 MB
+    dst = torch.zeros(sum(len(p) for p in parts) + 5, 512, 1024, dtype=torch.float16)
+    copy_parts(dst[:-5], parts)
+    assert torch.equal(dst[:-5], torch.cat(parts).half())
+    assert not dst[-5:].any()  # nothing past the parts' rows
+
+
 def test_import_autohet_stays_light():
     import subprocess
     import sys

@@ -168,16 +168,14 @@ def join_parts(parts: list[np.ndarray], out: np.ndarray | None = None) -> np.nda
 
     import torch
 
-    from autohet.host_copy import copy_rows
+    from autohet.host_copy import copy_parts
 
+    total = sum(len(p) for p in parts)
     if out is None:
-        out = np.empty((sum(len(p) for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)
-    start = 0
+        out = np.empty((total, *parts[0].shape[1:]), dtype=parts[0].dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only parts: only read
-        for part in parts:
-            copy_rows(torch.from_numpy(out[start : start + len(part)]), torch.from_numpy(part))
-            start += len(part)
+        copy_parts(torch.from_numpy(out[:total]), [torch.from_numpy(p) for p in parts])
     return out
 
 

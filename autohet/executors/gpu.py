@@ -188,7 +188,7 @@ class GpuExecutor(Executor):
         one host copy, on several threads); the other buffer may be in use by the current call's units."""
         import warnings
 
-        from autohet.host_copy import copy_rows
+        from autohet.host_copy import copy_parts
 
         total = sum(len(p) for p in parts)
         if self._turns is None:
@@ -199,12 +199,9 @@ class GpuExecutor(Executor):
                 or buffer.shape[0] < total:
             buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=self.dtype,
                                                            pin_memory=True)
-        start = 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
-            for part in parts:
-                copy_rows(buffer[start : start + len(part)], torch.from_numpy(part))
-                start += len(part)
+            copy_parts(buffer[:total], [torch.from_numpy(p) for p in parts])
         return buffer[:total]
 
     def use_staged(self, staged: torch.Tensor) -> None:
