@@ -139,3 +139,19 @@ def test_openvino_spreads_a_call_evenly_over_its_requests():
     assert piece_size(512, 15, 16) == 16
     assert piece_size(3, 2, 16) == 2
     assert piece_size(1, 4, 16) == 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino missing")
+def test_openvino_warms_the_piece_size_of_a_full_call(cache, lenet_workload):
+    """A dynamic-batch model (several requests) asks for a second warm-up of a piece per request at the
+    size a full call (``max_unit_images``) is cut into; a static one (one stream) asks for none."""
+    from autohet.executors.cpu_backends._openvino import piece_size
+
+    spec = ExecutorSpec("c", "cpu", (0, 1), batch=16, backend="openvino", streams=2)
+    ex = make_executor(spec, ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    requests = ex.program.requests
+    assert ex.program.warm_images(spec.max_unit_images) == requests * piece_size(spec.max_unit_images, requests, 16)
+    one = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16, backend="openvino", streams=1), ModelSpec("lenet"))
+    one.load(lenet_workload)
+    assert one.program.warm_images(128) == 0

@@ -67,3 +67,13 @@ def test_a_registered_kind_brings_its_behaviour(monkeypatch: pytest.MonkeyPatch)
     spec = ExecutorSpec("npu0", "npu", (), 4)
     assert (spec.is_gpu, spec.uses_gpu, spec.is_cpu, spec.device) == (True, True, False, "cuda:4")
     assert "npu" not in EXECUTOR_KINDS  # registered in the test's copy only
+
+
+def test_the_engine_device_follows_the_kind_not_a_gpu_claim() -> None:
+    """A cpu entry that also claims a GPU (``needs_gpu``) still runs on its cores in the engine; a sim
+    entry is refused there in one line."""
+    from autohet.engine import CpuDevice, device_for
+
+    assert isinstance(device_for(ExecutorSpec("cpu0", "cpu", (0,), batch=8, needs_gpu=True)), CpuDevice)
+    with pytest.raises(UserError, match="in-process strategies run real devices"):
+        device_for(ExecutorSpec("sim0", "sim", (3,), batch=8, speed_ips=10.0))

@@ -17,7 +17,6 @@ from autohet.engine.devices import CpuDevice, Device, GpuDevice
 from autohet.engine.program import Engine
 from autohet.errors import RunTimeout, UserError
 from autohet.executors.base import ExecutorSpec
-from autohet.executors.kinds import executor_kind
 
 __all__ = ["EngineActor", "EngineJob", "build_engine", "device_for", "run_job"]
 
@@ -45,10 +44,10 @@ def _partition_streams(specs: Sequence[ExecutorSpec]) -> dict[str, Any]:
 
 def device_for(spec: ExecutorSpec, stream_factory: Any = None) -> Device:
     """The engine device of a pool executor: its cores or GPU (partition), precision and layout."""
-    if executor_kind(spec.kind).simulated:
+    if spec.simulated:
         raise UserError(f"executor {spec.name} is {spec.kind}: in-process strategies run real devices; "
                         "use a pool of cpu and gpu executors")
-    if spec.uses_gpu:
+    if spec.is_gpu:  # not ``uses_gpu``: a cpu entry with needs_gpu still runs on its cores
         return GpuDevice(spec.name, spec.gpu or 0, spec.precision, spec.channels_last, stream_factory, spec.sms)
     return CpuDevice(spec.name, spec.cores, spec.precision, spec.channels_last)
 

@@ -116,6 +116,9 @@ class CpuExecutor(Executor):
         # warm-up: first-call costs (a converted backend's at the full batch: after a warm-up of 8, vgg16's
         # first batch of 16 through ONNX Runtime cost a 32-image trial a fifth of its figure)
         self.run(0, min(self.spec.batch, self.workload.images, self.spec.batch if backend.warm_full_batch else 8))
+        extra = self.program.warm_images(self.spec.max_unit_images)
+        if extra > self.spec.batch:  # the piece sizes of a full call (OpenVINO's dynamic batch)
+            self.run(0, min(extra, self.workload.images))
 
     def reconfigure(self) -> None:
         self._activate()

@@ -43,6 +43,11 @@ class CpuProgram(ABC):
         """What the backend actually runs (e.g. OpenVINO's effective precision and streams)."""
         return {}
 
+    def warm_images(self, unit: int) -> int:
+        """Images of a second warm-up call where a call of ``unit`` images meets shapes the first (one
+        batch) did not; 0 where it does not."""
+        return 0
+
 
 class CpuBackend(ABC):
     """One way of running a model on a pinned CPU group. ``build`` runs on the executor's pinned thread

@@ -98,6 +98,11 @@ class OpenVinoProgram(CpuProgram):
             out, self._out = self._out, None
         return out if out is not None else np.empty((0, 0), dtype=np.float32)
 
+    def warm_images(self, unit: int) -> int:
+        """A dynamic-batch model prepares each new piece size on each stream the first time it meets it:
+        one call of a piece per request warms the size a ``unit``-image call is cut into."""
+        return 0 if self.static else self.requests * piece_size(unit, self.requests, self.most)
+
     def describe(self) -> dict[str, Any]:
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")  # what runs: bf16 or f32
         return {"openvino_precision": hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint),

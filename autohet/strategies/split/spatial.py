@@ -226,8 +226,8 @@ class SpatialStrategy(EngineStrategy):
         (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
         images: Any = np.ascontiguousarray(workload.rows(0, requests)) if RunMode(mode).per_request else workload
         batch = params.get("batch") or min(s.batch for s in specs)
-        gpus = [int(s.gpu or 0) for s in specs if s.uses_gpu]
-        return self.job(model, mode, images, [s.name for s in specs], gpus, any(not s.uses_gpu for s in specs),
+        gpus = [int(s.gpu or 0) for s in specs if s.is_gpu]
+        return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.is_cpu for s in specs),
                         {**params, "batch": batch}, seconds)
 
     def served(self, pool: Pool, specs: list[ExecutorSpec], model: ModelSpec, params: dict[str, Any],
