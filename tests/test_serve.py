@@ -229,6 +229,28 @@ def http(url: str, body: bytes | None = None, content_type: str | None = None, m
         return exc.code, {k.lower(): v for k, v in exc.headers.items()}, exc.read()
 
 
+def oversized_body_is_read_before_its_413(port: int) -> bool:
+    """A body declared over the limit (1.5 MB against 1 MB) is read before the 413, so a client still
+    sending gets the answer, not a broken pipe: no answer while half the body is unsent, the 413 once
+    it is all sent."""
+    body = b"\0" * (3 << 19)
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+        conn.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
+                     b"Content-Length: %d\r\n\r\n" % len(body) + body[: len(body) // 2])
+        conn.settimeout(2.0)
+        try:
+            early = conn.recv(1)
+        except TimeoutError:
+            early = b""
+        assert early == b"", "answered before the body was read: a client still sending gets a broken pipe"
+        conn.settimeout(60)
+        conn.sendall(body[len(body) // 2:])
+        answer = b""
+        while b"\r\n" not in answer:
+            answer += conn.recv(4096)
+    return answer.startswith(b"HTTP/1.1 413")
+
+
 def reference(x: np.ndarray) -> np.ndarray:
     import torch
 
@@ -313,6 +335,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
             reason = json.loads(body)["error"]
             assert (status, fix in reason, len(reason.splitlines())) == (code, True, 1), (path, status, reason)
         assert http(url + "/v1/predict", jpeg, "image/jpeg")[0] == 200
+        assert oversized_body_is_read_before_its_413(port)
 
         # overload: a queue of 1 and 12 clients at once: each request 200 (correct) or 503 with Retry-After
         results: list[tuple[int, dict[str, str], bytes]] = []
