@@ -4,6 +4,7 @@ cached, what a machine cannot run is refused in one line. No Ray."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,8 @@ def test_openvino_spreads_a_call_evenly_over_its_requests():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino missing")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
+                    reason="needs cores 0 and 1: one core gives OpenVINO one stream (a static batch)")
 def test_openvino_warms_the_piece_size_of_a_full_call(cache, lenet_workload):
     """A dynamic-batch model (several requests) asks for a second warm-up of a piece per request at the
     size a full call (``max_unit_images``) is cut into; a static one (one stream) asks for none."""
