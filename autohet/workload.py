@@ -14,11 +14,35 @@ import numpy as np
 
 from autohet.errors import UserError
 
-__all__ = ["MAX_DISTINCT_BYTES", "Workload", "WorkloadSpec", "workload_for"]
+__all__ = ["MAX_DISTINCT_BYTES", "PixelScale", "Workload", "WorkloadSpec", "workload_for"]
 
 # Synthetic workloads hold at most this many bytes of distinct images; larger N cycles
 # through them (image i is bank[i % bank_size]), so vgg16 x 10000 does not need 6 GB.
 MAX_DISTINCT_BYTES = 512 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class PixelScale:
+    """How uint8 pixels (N, C, H, W) become model inputs: scaled to [0, 1], minus the per-channel mean,
+    over the std. A GPU applies it after copying the pixels (a quarter of float32's bytes); the host
+    applies it where a device takes float32 inputs."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def apply(self, pixels: np.ndarray) -> np.ndarray:
+        """The pixels as float32 model inputs, on the host."""
+        mean = np.asarray(self.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+        std = np.asarray(self.std, dtype=np.float32).reshape(1, -1, 1, 1)
+        return np.ascontiguousarray((pixels.astype(np.float32) / 255.0 - mean) / std, dtype=np.float32)
+
+    def factors(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b) with inputs = pixels * a + b, each shaped (1, C, 1, 1) float32: one fused multiply-add
+        on a device."""
+        std = np.asarray(self.std, dtype=np.float64)
+        a = 1.0 / (255.0 * std)
+        b = -np.asarray(self.mean, dtype=np.float64) / std
+        return a.astype(np.float32).reshape(1, -1, 1, 1), b.astype(np.float32).reshape(1, -1, 1, 1)
 
 
 @dataclass(frozen=True)

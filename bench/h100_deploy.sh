@@ -1,11 +1,12 @@
 #!/bin/sh
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
-#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve | small
 # runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
 # call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load and 5000 JPEGs through
 # `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
-# over HTTP, and a replica killed mid-load. Wheels (ray[tune,serve], optuna, mlflow) under
+# over HTTP, and a replica killed mid-load. small: cifarnet's peers and a default tune (issue 26's
+# small, fast model). Wheels (ray[tune,serve], optuna, mlflow) under
 # /root/site for tune_runtime and serve. Logs and JSON go to $OUT (packed into one tarball).
 cd "$(dirname "$0")/.."
 . bench/_h100_common.sh
@@ -58,19 +59,25 @@ case "$1" in
     stop_ray
     configs
     best=/tmp/deploy/runs/peers-resnet18/best.yaml; [ -f $best ] || best=$W/single.yaml
-    log "serve the tuned config at saturation (${SERVE_SECONDS:-20} s)"
-    t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config $best --clients 64 --npy-batch 32 \
-      --seconds ${SERVE_SECONDS:-20} --out "$W/serve_throughput.json" > "$W/serve_throughput.log" 2>&1
-    tail -8 "$W/serve_throughput.log"; stop_ray
+    log "serve the tuned config at saturation (${SERVE_SECONDS:-20} s), uint8 pixel requests"
+    t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config $best --clients 64 --npy-batch 64 \
+      --pixels --seconds ${SERVE_SECONDS:-20} --out "$W/serve_pixels.json" > "$W/serve_pixels.log" 2>&1
+    tail -8 "$W/serve_pixels.log"; stop_ray
     log "the GPU + 15-core fast_split config, its fastest replica killed after 8 s"
     t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config "$W/mixed.yaml" --clients 64 \
-      --npy-batch 32 --seconds ${SERVE_SECONDS:-20} --kill-replica-after 8 --out "$W/serve_fault.json" \
+      --npy-batch 32 --pixels --seconds ${SERVE_SECONDS:-20} --kill-replica-after 8 --out "$W/serve_fault.json" \
       > "$W/serve_fault.log" 2>&1
     tail -8 "$W/serve_fault.log"; stop_ray
     log "the batch-1 latency config (inductor, captured), one client"
     t timeout -k 10 ${SERVE_TIMEOUT:-110} python3 -m bench.serve_load --config "$W/latency.yaml" --clients 1 \
       --npy-batch 1 --seconds 12 --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
     tail -8 "$W/serve_latency.log"; stop_ray ;;
-  *) echo "unknown section '$1': runtime, tune_runtime or serve"; exit 2 ;;
+  small)
+    stop_ray; work=/tmp/small; mkdir -p $work
+    log "a small fast model (cifarnet, 32x32): peers and a default tune (--time-budget ${TUNE_BUDGET:-120})"
+    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "" --no-b1-compile \
+      --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
+    tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
+  *) echo "unknown section '$1': runtime, tune_runtime, serve or small"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

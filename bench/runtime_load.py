@@ -4,7 +4,9 @@
 - stream: the config's strategy and params measured as a trial measures them (``run_strategy``
   over ``--images`` synthetic images), then the same config through ``autohet.load``, those images
   streamed in batches of ``--batch`` (default: the executors' largest batch) through
-  ``runner.map``; img/s of both and their ratio;
+  ``runner.map``, as float32 inputs and as uint8 pixels (scaled where the config's devices take
+  them: on a GPU); img/s of each and their ratios to the run and to the tune's own figure (the
+  config's ``measured.throughput_ips``);
 - files (``--jpegs N``): N synthetic JPEGs (``--jpeg-size``) through ``run --input`` (``run_batch``,
   decoding on the cores the config leaves free) to an .npy: img/s with decoding, next to the
   stream's inference alone, and which cores decoded.
@@ -56,20 +58,25 @@ def streamed(path: str, images: int, batch: int | None) -> tuple[float, dict[str
     with autohet.load(path) as runner:
         size = batch or max(e.batch for e in runner.config.pool.executors)
         steady, cold = stream_ips(runner, images, size)
-        return steady, {"batch": size, "window": runner.window, "stream_cold_ips": cold,
+        pixels, pixels_cold = stream_ips(runner, images, size, pixels=True)
+        return steady, {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
+                        "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
                         "served": runner.describe()["served"]}
 
 
-def stream_ips(runner: Any, images: int, size: int) -> tuple[float, float]:
+def stream_ips(runner: Any, images: int, size: int, pixels: bool = False) -> tuple[float, float]:
     """img/s of ``images`` synthetic images through a loaded runner's ``map`` in batches of ``size``,
     after a warm-up pass of as many (a runner's first stream pays once what a long-running one does
     not: the first window is the checked call, a GPU's two pinned staging buffers of a gigabyte are
     allocated, torch's pinned-memory cache fills; on the H200 box a probe's first 20000-image stream
     ran 15715 img/s and its second 41770). Batches are views of the synthetic bank (at most 512 MB of
-    distinct images, reused), so producing them costs nothing. Returns (steady, first stream's) img/s."""
+    distinct images, reused), so producing them costs nothing; ``pixels``: a uint8 bank of as many
+    images. Returns (steady, first stream's) img/s."""
     from autohet.workload import workload_for
 
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
+    if pixels:
+        bank = np.random.default_rng(0).integers(0, 256, bank.shape, dtype=np.uint8)
     starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
 
     def batches(n: int) -> Any:
@@ -140,11 +147,15 @@ def main() -> None:
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
                                "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
+        tuned = config.measured.get("throughput_ips")
+        if tuned:  # the tune's own figure for this config (its trial), as the issue compares
+            row.update(tune_ips=tuned, load_over_tune=load_ips / tuned, pixels_over_tune=row["pixels_ips"] / tuned)
         if jpegs:
             row.update(files(path, jpegs, 64 if args.smoke else args.jpeg_size, folder / "jpegs"))
             row["files_over_load"] = row["files_ips"] / load_ips
-    emit("runtime_load", [row], [c for c in ("model", "strategy", "images", "batch", "run_ips", "load_ips",
-                                             "stream_cold_ips", "load_over_run", "files", "files_ips",
+    emit("runtime_load", [row], [c for c in ("model", "strategy", "images", "batch", "run_ips", "tune_ips",
+                                             "load_ips", "stream_cold_ips", "load_over_run", "load_over_tune",
+                                             "pixels_ips", "pixels_on_device", "pixels_over_tune", "files", "files_ips",
                                              "files_over_load", "decode_cores") if c in row], args.out)
 
 

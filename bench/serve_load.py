@@ -8,8 +8,9 @@ One run, one command:
 2. the service: ``autohet serve`` started as a subprocess (devices released by step 1 first),
    ready once it prints its replicas;
 3. the load: ``--clients`` concurrent clients (asyncio + aiohttp, one request in flight each) for
-   ``--seconds``, each sending an ``--npy-batch N`` .npy (answered as .npy with ``--accept npy``, or
-   JSON) or one synthetic JPEG (``--jpeg``, answered with its logits); a 503 is retried after its
+   ``--seconds``, each sending an ``--npy-batch N`` .npy of float32 inputs or, with ``--pixels``, of
+   uint8 pixels (the offline stream then runs pixels too), answered as .npy with ``--accept npy`` or
+   JSON; or one synthetic JPEG (``--jpeg``, answered with its logits); a 503 is retried after its
    Retry-After (at most ``--retry-cap-s``); every answer is checked against the offline outputs of
    the same body (the config precision's tolerance). A request is lost when it never gets a correct
    answer: an error status other than 503, a broken connection, a timeout or a wrong answer;
@@ -22,6 +23,7 @@ Prints req/s, img/s, p50/p90/p99 latency of the answered requests, 503s, lost re
 each replica ran, and served / offline img/s.
 
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
+    python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 64 --pixels --seconds 30
     python -m bench.serve_load --config runs/resnet18-latency/best.yaml --clients 1 --jpeg --seconds 20
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 40 \\
         --kill-replica-after 15
@@ -108,7 +110,9 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
             inputs = np.concatenate([decode_image(d, prep) for d in data])
             bodies = Bodies("image/jpeg", data, list(runner(inputs)[:, None]), 1, query="?logits=1")
         else:
-            inputs = np.random.default_rng(7).standard_normal((distinct * args.npy_batch, *shape), dtype=np.float32)
+            rng, count = np.random.default_rng(7), distinct * args.npy_batch
+            inputs = rng.integers(0, 256, (count, *shape), dtype=np.uint8) if args.pixels else \
+                rng.standard_normal((count, *shape), dtype=np.float32)
             out = runner(inputs)
             split = list(range(0, len(inputs), args.npy_batch))
             bodies = Bodies("application/x-npy", [npy(inputs[s : s + args.npy_batch]) for s in split],
@@ -124,7 +128,9 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
                 times.append(time.perf_counter() - start)
             figures["offline_p50_ms"] = 1000 * float(np.percentile(times, 50))
         else:
-            figures["offline_ips"] = stream_ips(runner, args.offline_images, max(1, runner.batch))[0]
+            # the offline stream in the requests' form: float32 inputs, or uint8 pixels (JPEGs decode to pixels)
+            pixels = args.pixels or args.jpeg
+            figures["offline_ips"] = stream_ips(runner, args.offline_images, max(1, runner.batch), pixels=pixels)[0]
         figures["objective"], figures["strategy"], figures["model"] = runner.mode, runner.config.strategy, \
             runner.model.name
     return bodies, figures
@@ -285,6 +291,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients, one request in flight each")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients send")
     parser.add_argument("--npy-batch", type=int, default=1, help="images per .npy request (default 1)")
+    parser.add_argument("--pixels", action="store_true",
+                        help=".npy requests of uint8 pixels (a quarter of float32's bytes; the service scales them)")
     parser.add_argument("--jpeg", action="store_true", help="send one synthetic JPEG per request instead of .npy")
     parser.add_argument("--jpeg-width", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
     parser.add_argument("--accept", choices=("npy", "json"), default="npy",
@@ -326,7 +334,8 @@ def main() -> None:
     images = tally.answered * bodies.images
     row: dict[str, Any] = {
         "model": figures["model"], "strategy": figures["strategy"], "objective": figures["objective"],
-        "request": "jpeg" if args.jpeg else f"npy{args.npy_batch}", "clients": args.clients,
+        "request": "jpeg" if args.jpeg else f"npy{args.npy_batch}{'-uint8' if args.pixels else ''}",
+        "clients": args.clients,
         "seconds": round(wall, 2), "answered": tally.answered, "req_s": tally.answered / wall, "img_s": images / wall,
         "p50_ms": percentile_ms(tally.latencies, 50), "p90_ms": percentile_ms(tally.latencies, 90),
         "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from autohet.context import RunContext
+from autohet.errors import UserError
 from autohet.executors import ExecutorSpec, make_executor
 from autohet.models import ModelSpec, build_model
 from autohet.pool import LocalPool, load_pool
@@ -282,3 +283,36 @@ def test_gpu_executor_runs_a_stream_staged_by_turns_from_parts(lenet_workload):
     out_b = ex.run(0, 80).outputs
     tol = 1e-2 * np.max(np.abs(ref))
     assert np.max(np.abs(np.concatenate([out_a, out_b]) - ref)) <= tol
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_gpu_executor_scales_uint8_pixels_on_the_device(precision):
+    """Pixels staged as uint8 (a stream's windows and a call's workload) are scaled on the GPU by the
+    pixel scale: the outputs of the host-scaled float32 inputs, within the precision's tolerance; a
+    float32 window after them still runs as inputs."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from autohet.workload import PixelScale, Workload
+
+    scale = PixelScale((0.45,), (0.23,))
+    pixels = np.random.default_rng(3).integers(0, 256, (150, 1, 28, 28), dtype=np.uint8)
+    inputs = scale.apply(pixels)
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(inputs)).numpy()
+    ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=32, precision=precision, channels_last=True),
+                       ModelSpec("lenet"))
+    ex.load(Workload(inputs[:64], 64))
+    assert ex.takes_pixels
+    ex.pixel_scale = scale
+    tol = {"fp32": 1e-3, "fp16": 1e-2, "bf16": 5e-2}[precision] * np.max(np.abs(ref))
+    ex.use_staged(ex.stage([pixels[:50], pixels[50:100]]))
+    assert ex.bank.dtype == torch.uint8
+    assert np.max(np.abs(ex.run(0, 100).outputs - ref[:100])) <= tol
+    ex.set_workload(Workload(pixels[100:], 50))
+    assert np.max(np.abs(ex.run(0, 50).outputs - ref[100:])) <= tol
+    ex.use_staged(ex.stage([inputs[:40]]))
+    assert np.max(np.abs(ex.run(0, 40).outputs - ref[:40])) <= tol
+    ex.pixel_scale = None
+    with pytest.raises(UserError, match="pixel scale"):
+        ex.stage([pixels[:4]])

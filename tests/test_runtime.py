@@ -306,3 +306,62 @@ def test_a_single_config_starts_only_its_executor(tmp_path):
     with autohet.load(write(tmp_path, "lenet", "single", {"executor": 1})) as runner:
         assert [e.name for e in runner.pool.spec.executors] == ["cpu1"] and runner.cores == frozenset({1})
         close_to(runner(x), reference("lenet", x))
+
+
+def _pixels(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, *input_shape("lenet")), dtype=np.uint8)
+
+
+def test_uint8_pixels_run_as_their_scaled_inputs_where_the_devices_take_float32(tmp_path):
+    """CPU executors take float32: pixels (numpy or torch uint8) are scaled on the host by the config's
+    preprocess mean and std, and give exactly the outputs of the scaled inputs; a stream mixing pixels
+    and inputs keeps its order."""
+    import torch
+
+    from autohet.config import Preprocess
+
+    pixels = _pixels(12, 5)
+    config = RunConfig(ModelSpec("lenet"), load_pool(CPU2), "fifo", {"c": 4}, images=64,
+                       preprocess=Preprocess(mean=(0.5,), std=(0.25,)))
+    inputs = ((pixels.astype(np.float32) / 255 - 0.5) / 0.25).astype(np.float32)
+    ref = reference("lenet", inputs)
+    with autohet.load(write_config(config, tmp_path / "lenet.yaml")) as runner:
+        close_to(runner(pixels), ref)
+        assert runner.device_pixels is False
+        out = runner(torch.from_numpy(pixels[:3]))
+        assert isinstance(out, torch.Tensor)
+        close_to(out.numpy(), ref[:3])
+        outs = list(runner.map([pixels[:4], inputs[4:8], pixels[8:]]))
+        close_to(np.concatenate(outs), ref)
+
+
+def test_a_pool_that_takes_pixels_gets_them_unscaled_and_scales_them_itself(tmp_path, monkeypatch):
+    """Where every executor takes pixels (a GPU), calls and stream windows of pixels reach it as uint8
+    with the config's scale, and a window joining pixels and inputs reaches it as float32 inputs. The
+    test double: CPU executors that scale the pixels of their workload themselves."""
+    from autohet.executors.cpu import CpuExecutor
+    from autohet.workload import Workload
+
+    seen: list[np.dtype] = []
+    real_set = CpuExecutor.set_workload  # a stream's windows reach it too (``use_staged`` calls it)
+
+    def scaled(ex, images):
+        seen.append(images.dtype)
+        return ex.pixel_scale.apply(images) if images.dtype == np.uint8 else images
+
+    monkeypatch.setattr(CpuExecutor, "takes_pixels", True)
+    monkeypatch.setattr(CpuExecutor, "set_workload",
+                        lambda ex, w: real_set(ex, Workload(scaled(ex, np.asarray(w.bank)), w.images)))
+    pixels = _pixels(16, 6)
+    with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 4}), window=4) as runner:
+        inputs = runner._pixel_scale().apply(pixels)
+        ref = reference("lenet", inputs)
+        seen.clear()
+        close_to(runner(pixels[:5]), ref[:5])
+        assert runner.device_pixels is True and set(seen) == {np.dtype(np.uint8)}
+        seen.clear()
+        close_to(np.concatenate(list(runner.map([pixels[i : i + 2] for i in range(0, 16, 2)]))), ref)
+        assert len(seen) >= 8 and set(seen) == {np.dtype(np.uint8)}  # 2 executors x 4 windows at least
+        seen.clear()
+        close_to(np.concatenate(runner._run([pixels[:3], inputs[3:6]])), ref[:6])
+        assert set(seen) == {np.dtype(np.float32)}

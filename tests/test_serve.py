@@ -96,6 +96,9 @@ def test_npy_bodies_become_the_batch_or_a_400_naming_the_fix():
     assert np.array_equal(parse_npy(npy(x.astype(">f4")), LENET, "lenet"), x)  # big-endian converted
     assert np.array_equal(parse_npy(npy(np.asfortranarray(x)), LENET, "lenet"), x)
     assert parse_npy(npy(x[:0]), LENET, "lenet").shape == (0, *LENET)
+    pixels = np.random.default_rng(1).integers(0, 256, (2, *LENET), dtype=np.uint8)
+    got = parse_npy(npy(pixels), LENET, "lenet")  # pixels: the replica's runner scales them
+    assert got.dtype == np.uint8 and np.array_equal(got, pixels) and not got.flags.owndata
     cases = [(b"", "empty"), (b"not an npy at all", "not an .npy file"),
              (npy(x.astype(np.float64)), "astype(numpy.float32)"), (npy(x.astype(np.int32)), "astype(numpy.float32)"),
              (npy(x[0]), "resize and crop"), (npy(np.zeros((2, 3, 28, 28), np.float32)), "(N, 1, 28, 28) float32"),
@@ -108,8 +111,9 @@ def test_image_bodies_are_preprocessed_as_run_input_does(tmp_path):
     prep = preprocessing_for((3, 224, 224), None, "test")
     jpeg = image_bytes("JPEG")
     (tmp_path / "a.jpg").write_bytes(jpeg)
-    got = decode_image(jpeg, prep)
-    assert got.shape == (1, 3, 224, 224) and np.array_equal(got[0], decode(tmp_path / "a.jpg", prep))
+    got = decode_image(jpeg, prep)  # uint8 pixels, scaled where the replica runs them
+    assert got.shape == (1, 3, 224, 224) and got.dtype == np.uint8
+    assert np.array_equal(prep.scale.apply(got)[0], decode(tmp_path / "a.jpg", prep))
     assert decode_image(image_bytes("PNG"), preprocessing_for(LENET, None, "test")).shape == (1, *LENET)
     for body, fix in [(b"", "empty"), (b"GIF89a? no", "not a readable image"), (jpeg[: len(jpeg) // 2], "truncated")]:
         reason = refused(400, decode_image, body, prep).reason
@@ -303,7 +307,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
         for data, kind in ((jpeg, "image/jpeg"), (png, "image/png")):
             status, _, body = http(url + "/v1/predict?logits=1", data, kind)
             answer = json.loads(body)
-            expected = reference(decode_image(data, prep))[0]
+            expected = reference(prep.scale.apply(decode_image(data, prep)))[0]
             assert status == 200 and len(answer["top"]) == 5
             assert [t["index"] for t in answer["top"]] == [t["index"] for t in predict_body(expected, False)["top"]]
             close_to(np.array(answer["logits"], np.float32), expected)
@@ -313,6 +317,10 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
         status, _, body = http(url + "/v1/predict", npy(x), "application/x-npy")
         assert status == 200
         close_to(np.array(json.loads(body)["outputs"], np.float32), offline)
+        pixels = np.random.default_rng(4).integers(0, 256, (70, *LENET), dtype=np.uint8)  # a quarter of the bytes
+        status, _, body = http(url + "/v1/predict", npy(pixels), "application/x-npy")
+        assert status == 200
+        close_to(np.array(json.loads(body)["outputs"], np.float32), reference(prep.scale.apply(pixels)))
         status, headers, body = http(url + "/v1/predict", npy(x[:5]), "application/x-npy",
                                      headers={"Accept": "application/x-npy"})
         assert status == 200 and headers["content-type"] == "application/x-npy"

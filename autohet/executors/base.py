@@ -12,7 +12,7 @@ import numpy as np
 from autohet.executors.kinds import ExecutorKind, executor_kind
 from autohet.models import ModelSpec
 from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
-from autohet.workload import Workload
+from autohet.workload import PixelScale, Workload
 
 __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult",
            "join_parts"]
@@ -217,6 +217,11 @@ class Executor(ABC):
         thread, and touches nothing the running units read): by default the parts as one array, which
         ``use_staged`` makes the workload. A GPU copies them straight into a pinned buffer instead."""
         return join_parts(parts)
+
+    # Executors that take uint8 pixels (N, C, H, W) as their workload and apply ``pixel_scale`` on the
+    # device themselves (a GPU: a quarter of float32's bytes crosses to it); the others take float32.
+    takes_pixels = False
+    pixel_scale: PixelScale | None = None
 
     def use_staged(self, staged: Any) -> None:
         """Makes what ``stage`` returned the images of the next units (called between runs)."""

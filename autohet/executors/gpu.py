@@ -168,16 +168,28 @@ class GpuExecutor(Executor):
         from autohet.host_copy import copy_rows
 
         rows = np.asarray(workload.bank)
+        dtype = self._staged_dtype(rows)
         staging = self._staging
-        if staging is None or staging.dtype != self.dtype or staging.shape[1:] != rows.shape[1:] \
+        if staging is None or staging.dtype != dtype or staging.shape[1:] != rows.shape[1:] \
                 or staging.shape[0] < rows.shape[0]:
-            staging = self._staging = torch.empty(rows.shape, dtype=self.dtype, pin_memory=True)
+            staging = self._staging = torch.empty(rows.shape, dtype=dtype, pin_memory=True)
         bank = staging[: rows.shape[0]]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
             copy_rows(bank, torch.from_numpy(rows))
-        self.workload, self._bank_of, self._banks, self.bank = workload, workload.bank, {self.dtype: bank}, bank
+        self.workload, self._bank_of, self._banks, self.bank = workload, workload.bank, {dtype: bank}, bank
         self._ahead = {}
+
+    takes_pixels = True
+
+    def _staged_dtype(self, rows: Any) -> torch.dtype:
+        """uint8 pixels stay uint8 (scaled on the GPU, ``pixel_scale``); inputs go to the compute dtype."""
+        if rows.dtype != np.uint8:
+            return self.dtype
+        if self.pixel_scale is None:
+            raise UserError(f"executor {self.spec.name} got uint8 pixels without a pixel scale (mean, std); "
+                            "pass float32 model inputs")
+        return torch.uint8
 
     # a stream's calls, staged by turns into two pinned buffers: the next call's while the current one runs
     _turns: list[torch.Tensor | None] | None = None
@@ -191,13 +203,14 @@ class GpuExecutor(Executor):
         from autohet.host_copy import copy_parts
 
         total = sum(len(p) for p in parts)
+        dtype = self._staged_dtype(parts[0])
         if self._turns is None:
             self._turns = [None, None]
         self._turn ^= 1
         buffer = self._turns[self._turn]
-        if buffer is None or buffer.dtype != self.dtype or buffer.shape[1:] != parts[0].shape[1:] \
+        if buffer is None or buffer.dtype != dtype or buffer.shape[1:] != parts[0].shape[1:] \
                 or buffer.shape[0] < total:
-            buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=self.dtype,
+            buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=dtype,
                                                            pin_memory=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
@@ -206,7 +219,7 @@ class GpuExecutor(Executor):
 
     def use_staged(self, staged: torch.Tensor) -> None:
         self.workload = Workload(staged, int(staged.shape[0]))  # units read ``bank``; the workload counts rows
-        self._bank_of, self._banks, self.bank = staged, {self.dtype: staged}, staged
+        self._bank_of, self._banks, self.bank = staged, {staged.dtype: staged}, staged
         self._ahead = {}
 
     def _bank(self, dtype: torch.dtype) -> torch.Tensor:
@@ -265,14 +278,17 @@ class GpuExecutor(Executor):
                 padded = batch if fixed else padded_batch(n, batch)  # rows n..padded: stale inputs, dropped
                 slot = self._slot
                 self._slot ^= 1
+                pixels = self.bank.dtype == torch.uint8
+                landing = self._pixel_buffers()[slot] if pixels else self.dev_in[slot]
                 with torch.cuda.stream(self.copy_stream):
                     self.copy_stream.wait_event(self.consumed[slot])
                     for row, dest, count in self._segments(start + offset, n):
-                        self.dev_in[slot][dest : dest + count].copy_(self.bank[row : row + count],
-                                                                     non_blocking=True)
+                        landing[dest : dest + count].copy_(self.bank[row : row + count], non_blocking=True)
                     self.copied[slot].record(self.copy_stream)
                 with torch.cuda.stream(self.compute_stream):
                     self.compute_stream.wait_event(self.copied[slot])
+                    if pixels:  # one fused multiply-add: uint8 in, the compute dtype out
+                        torch.addcmul(self._shift, landing[:n], self._factor, out=self.dev_in[slot][:n])
                     x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
                     y = self._forward(x, padded)[:n]
                     self.consumed[slot].record(self.compute_stream)
@@ -282,6 +298,19 @@ class GpuExecutor(Executor):
             end.record(self.compute_stream)
         assert outputs is not None
         return _Launched(outputs, begin, end)
+
+    def _pixel_buffers(self) -> list[torch.Tensor]:
+        """Two device buffers the uint8 pixels land in (beside ``dev_in``), and the scale's factors."""
+        shape = tuple(self.dev_in[0].shape)
+        if getattr(self, "_pixels", None) is None or tuple(self._pixels[0].shape) != shape \
+                or self._pixels_scale != self.pixel_scale:
+            assert self.pixel_scale is not None
+            self._pixels_scale = self.pixel_scale
+            a, b = self.pixel_scale.factors()
+            self._factor = torch.from_numpy(a).to(self.device)
+            self._shift = torch.from_numpy(b).to(self.device)
+            self._pixels = [torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)]
+        return self._pixels
 
     def collect(self, handle: _Launched) -> UnitResult:
         """Waits for a launched unit; ``compute_s`` is the GPU's own time on it (CUDA events), so

@@ -13,7 +13,7 @@ from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
 from autohet.pool.worker import Worker
-from autohet.workload import Workload
+from autohet.workload import PixelScale, Workload
 
 __all__ = ["Identity", "LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
 
@@ -75,6 +75,11 @@ class Pool(ABC):
         """Gives the started executors new images (a served call's), models kept; returns the
         executors that could not take them (dead)."""
 
+    def accept_pixels(self, scale: PixelScale) -> bool:
+        """Whether every executor takes uint8 pixels and scales them itself (then they do, by ``scale``);
+        else calls keep float32 inputs. Executors behind Ray take float32."""
+        return False
+
     def stage(self, parts: list[np.ndarray]) -> Any:
         """A stream's next call made ready while the current one runs (``use_staged`` then gives it to the
         executors): by default the parts joined, to be placed with ``set_workload``."""
@@ -133,6 +138,13 @@ class LocalPool(Pool):
 
     def dispatcher(self) -> Dispatcher:
         return LocalDispatcher(self.executors, self.workers)
+
+    def accept_pixels(self, scale: PixelScale) -> bool:
+        if not self.executors or not all(ex.takes_pixels for ex in self.executors):
+            return False
+        for ex in self.executors:  # read by the executors' units only, set between calls
+            ex.pixel_scale = scale
+        return True
 
     def set_workload(self, workload: Workload) -> list[int]:
         for future in [w.submit(lambda ex=ex: ex.set_workload(workload))

@@ -1,5 +1,5 @@
 """Decoding one image file into model input, light enough for a decoding process to import (Pillow
-and numpy only): the pixels resized and centre-cropped as uint8, normalised to float32 in the caller."""
+and numpy only): the pixels resized and centre-cropped as uint8, scaled to float32 by the runner (or a GPU)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import BinaryIO
 import numpy as np
 
 from autohet.errors import UserError
+from autohet.workload import PixelScale
 
 __all__ = ["BadImage", "Preprocessing", "decode", "decode_batch", "decode_pixels", "normalise", "pin_process"]
 
@@ -38,6 +39,11 @@ class Preprocessing:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     interpolation: str
+
+    @property
+    def scale(self) -> PixelScale:
+        """The pixels-to-inputs step alone (where a GPU takes uint8 pixels, it runs there)."""
+        return PixelScale(self.mean, self.std)
 
     def to_dict(self) -> dict[str, object]:
         return {"shape": list(self.shape), "resize": self.resize, "mean": list(self.mean), "std": list(self.std),
@@ -75,9 +81,7 @@ def decode_pixels(path: str | Path | BinaryIO, prep: Preprocessing, name: str | 
 
 def normalise(pixels: np.ndarray, prep: Preprocessing) -> np.ndarray:
     """(N, C, H, W) uint8 pixels as model inputs: scaled to [0, 1], minus the mean, over the std."""
-    mean = np.asarray(prep.mean, dtype=np.float32).reshape(1, -1, 1, 1)
-    std = np.asarray(prep.std, dtype=np.float32).reshape(1, -1, 1, 1)
-    return np.ascontiguousarray((pixels.astype(np.float32) / 255.0 - mean) / std, dtype=np.float32)
+    return prep.scale.apply(pixels)
 
 
 def decode_batch(paths: Sequence[str], prep: Preprocessing) -> list[np.ndarray | BadImage]:

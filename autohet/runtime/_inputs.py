@@ -18,11 +18,15 @@ __all__ = ["Batch", "ReadAhead", "as_batch", "join"]
 
 @dataclass
 class Batch:
-    """One call's images as a float32 C-contiguous array, and how to hand outputs back: a torch
-    tensor on ``device`` when the input was one (else a numpy array)."""
+    """One call's images as a C-contiguous array, float32 model inputs or uint8 pixels (``pixels``),
+    and how to hand outputs back: a torch tensor on ``device`` when the input was one (else numpy)."""
 
     images: np.ndarray
     torch_device: Any = None
+
+    @property
+    def pixels(self) -> bool:
+        return self.images.dtype == np.uint8
 
     def give_back(self, outputs: np.ndarray) -> Any:
         if self.torch_device is None:
@@ -33,21 +37,24 @@ class Batch:
         return out if self.torch_device.type == "cpu" else out.to(self.torch_device)
 
 
+_TAKES = "float32 model inputs or uint8 pixels (scaled by the config's preprocess mean and std)"
+
+
 def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
-    """``x`` checked against the model's input (N, C, H, W) float32; UserError naming the fix."""
+    """``x`` checked against the model's input (N, C, H, W), float32 or uint8; UserError naming the fix."""
     device = None
     if type(x).__module__.startswith("torch") and hasattr(x, "detach"):
         import torch
 
-        if x.dtype != torch.float32:
-            raise UserError(f"input dtype is {x.dtype}; {model} takes float32: convert with x.float()")
+        if x.dtype not in (torch.float32, torch.uint8):
+            raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert with x.float()")
         device = x.device
         x = x.detach().cpu().numpy()
     elif not isinstance(x, np.ndarray):
         raise UserError(f"input is a {type(x).__name__}; pass a numpy array or a torch tensor of shape "
                         f"(N, {', '.join(map(str, shape))})")
-    elif x.dtype != np.float32:
-        raise UserError(f"input dtype is {x.dtype}; {model} takes float32: convert with x.astype(numpy.float32)")
+    elif x.dtype not in (np.float32, np.uint8):
+        raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert with x.astype(numpy.float32)")
     if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != tuple(shape):
         hint = "add the batch axis (x[None])" if tuple(x.shape) == tuple(shape) else \
             "resize and crop the images to the model's input (autohet run --input does)"

@@ -93,11 +93,12 @@ def _npy_batches(source: Path, shape: tuple[int, ...], model: str, batch: int, i
         raise UserError(f"{source} is not a readable .npy file ({exc}); save it with numpy.save") from None
     if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape):
         raise UserError(f"{source} holds an array of shape {tuple(array.shape)}; {model} takes (N, "
-                        f"{', '.join(map(str, shape))}) float32: preprocess it to that shape")
+                        f"{', '.join(map(str, shape))}) float32 inputs or uint8 pixels: preprocess it to that shape")
+    dtype = np.uint8 if array.dtype == np.uint8 else np.float32  # pixels stay pixels (the runner scales them)
 
     def batches() -> Iterator[np.ndarray]:
         for start in range(0, len(array), batch):
-            rows = np.array(array[start : start + batch], dtype=np.float32)  # a copy: not a view of the file
+            rows = np.array(array[start : start + batch], dtype=dtype)  # a copy: not a view of the file
             inputs.append([{"path": str(source), "index": start + k} for k in range(len(rows))])
             yield rows
 

@@ -21,9 +21,10 @@ import numpy as np
 
 from autohet.config import Preprocess
 from autohet.errors import UserError
-from autohet.runtime._decode import BadImage, Preprocessing, decode, decode_batch, normalise, pin_process
+from autohet.runtime._decode import BadImage, Preprocessing, decode, decode_batch, decode_pixels, pin_process
 
-__all__ = ["IMAGE_SUFFIXES", "BadImage", "Decoders", "Preprocessing", "decode", "list_images", "preprocessing_for"]
+__all__ = ["IMAGE_SUFFIXES", "BadImage", "Decoders", "Preprocessing", "decode", "decode_pixels", "list_images",
+           "preprocessing_for"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -65,7 +66,8 @@ class Decoders:
     leaves free; with none free, all of them (shared with the devices, ``shared``). Processes, not
     threads: Pillow's calls hold the interpreter lock between them, and 15 decoding threads of the H100
     box ran 423-1065 img/s (BENCHMARKS 14). A process decodes ``chunk`` files per job into uint8
-    pixels; this process normalises them to float32 (numpy, a batch at once)."""
+    pixels, handed on as uint8 batches: the runner scales them (on the GPU where its devices take
+    pixels, a quarter of float32's bytes to copy; else on the host)."""
 
     def __init__(self, busy: frozenset[int], processes: int | None = None, chunk: int = 16) -> None:
         import multiprocessing
@@ -83,7 +85,7 @@ class Decoders:
 
     def batches(self, paths: Sequence[Path], prep: Preprocessing, batch: int, skip_bad: bool,
                 skipped: list[dict[str, str]]) -> Iterator[tuple[np.ndarray, list[Path]]]:
-        """(images, their paths) in file order, ``batch`` at a time, decoded ahead by the processes. A
+        """(uint8 pixels, their paths) in file order, ``batch`` at a time, decoded ahead by the processes. A
         bad file raises BadImage, or with ``skip_bad`` is left out and appended to ``skipped``."""
         ahead: deque[tuple[list[Path], Future]] = deque()
         todo = iter(paths)
@@ -110,10 +112,10 @@ class Decoders:
                 rows.append(got)
                 names.append(path)
                 if len(rows) == batch:
-                    yield normalise(np.stack(rows), prep), names
+                    yield np.stack(rows), names
                     rows, names = [], []
         if rows:
-            yield normalise(np.stack(rows), prep), names
+            yield np.stack(rows), names
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

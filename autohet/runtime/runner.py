@@ -23,6 +23,7 @@ from autohet.config import RunConfig, load_config
 from autohet.errors import UserError
 from autohet.models import ModelSpec, input_shape
 from autohet.runtime._inputs import Batch, ReadAhead, as_batch, join
+from autohet.workload import PixelScale
 
 if TYPE_CHECKING:
     from autohet.pool import Pool, PoolSpec
@@ -66,9 +67,12 @@ class Runner:
         self.window = window or max(served.batch, min(config.images, WINDOW_BYTES // per_image))
         self.classes: int | None = None
         self._pending: list[_Request] = []
-        self._buffer: np.ndarray | None = None
+        self._buffers: dict[np.dtype, np.ndarray] = {}
+        self._scale: PixelScale | None = None
+        self.device_pixels = False  # uint8 pixels go to the devices as they are (set by the first such call)
+        self._pixels_lock = threading.Lock()
         self._queue_lock = threading.Lock()
-        self._run_lock = threading.Lock()
+        self._run_lock = threading.RLock()  # re-entered where a call first meets pixels (the scale is set once)
         self._reported = 0
         self._closed = False
         self._stream_lock = threading.Lock()
@@ -76,9 +80,17 @@ class Runner:
     # --- calls ---------------------------------------------------------------------------------------
 
     def __call__(self, batch: Any) -> Any:
-        """(N, C, H, W) float32 numpy array or torch tensor -> (N, classes), same order and type."""
+        """(N, C, H, W) float32 inputs or uint8 pixels, numpy array or torch tensor -> (N, classes),
+        same order and type. Pixels are scaled by the config's preprocess mean and std: on the GPU where
+        the config's devices take them (a quarter of float32's bytes copied), else here."""
         checked = as_batch(batch, self.input_shape, self.model.name)
         return checked.give_back(self._run([checked.images])[0])
+
+    def run_together(self, batches: list[Any]) -> list[Any]:
+        """Several batches (a service's gathered requests; inputs and pixels may mix) as one call: each
+        batch's outputs, in order."""
+        checked = [as_batch(b, self.input_shape, self.model.name) for b in batches]
+        return [b.give_back(out) for b, out in zip(checked, self._run([b.images for b in checked]), strict=True)]
 
     def map(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Outputs of each batch, in order. Batches are read ahead on a thread and those already there
@@ -115,7 +127,7 @@ class Runner:
                 taken, error, ended = reader.take(self.window)
                 if taken:
                     windows.append(taken)
-                    yield [b.images for b in taken]
+                    yield self._device_inputs([b.images for b in taken])
                 if error is not None:
                     failed.append(error)
                 if error is not None or ended:
@@ -142,7 +154,7 @@ class Runner:
             raise UserError("this runner is closed; load the config again")
         if not any(len(p) for p in parts):
             return [np.zeros((0, self.classes or 0), dtype=np.float32) for _ in parts]
-        request = _Request(parts)
+        request = _Request(self._device_inputs(parts))
         with self._queue_lock:
             self._pending.append(request)
         with self._run_lock:
@@ -154,8 +166,33 @@ class Runner:
             raise request.error
         return request.outputs
 
+    def _device_inputs(self, parts: list[np.ndarray]) -> list[np.ndarray]:
+        """The parts as the devices take them: uint8 pixels kept where every part is pixels and the
+        devices scale them (``Served.accept_pixels``), else scaled to float32 here."""
+        if not any(p.dtype == np.uint8 for p in parts):
+            return parts
+        scale = self._pixel_scale()
+        if self.device_pixels and all(p.dtype == np.uint8 for p in parts):
+            return parts
+        return [scale.apply(p) if p.dtype == np.uint8 else p for p in parts]
+
+    def _pixel_scale(self) -> PixelScale:
+        """The config's mean and std (``preprocess``, else the ImageNet weights'), once; the served
+        devices are offered them then."""
+        with self._pixels_lock:
+            if self._scale is None:
+                from autohet.runtime.images import preprocessing_for
+
+                scale = preprocessing_for(self.input_shape, self.config.preprocess, self.source).scale
+                with self._run_lock:  # between calls: executors read the scale in their units
+                    self.device_pixels = self.served.accept_pixels(scale)
+                self._scale = scale
+            return self._scale
+
     def _execute(self, requests: list[_Request]) -> None:
         parts = [p for r in requests for p in r.parts]
+        if len({p.dtype for p in parts}) > 1:  # pixels and inputs joined into one call: all as inputs
+            parts = [self._pixel_scale().apply(p) if p.dtype == np.uint8 else p for p in parts]
         images = parts[0] if len(parts) == 1 else self._joined(parts)
         try:
             outputs = self.served(images)
@@ -180,15 +217,18 @@ class Runner:
         """The parts copied into the runner's window buffer, kept from call to call: a fresh gigabyte
         per window would cost more in page faults than the copy (only calls use it, one at a time)."""
         total = sum(len(p) for p in parts)
-        if self._buffer is None or len(self._buffer) < total:
-            self._buffer = np.empty((total, *self.input_shape), dtype=np.float32)
-        return join(parts, self._buffer[:total])
+        buffer = self._buffers.get(parts[0].dtype)
+        if buffer is None or len(buffer) < total:
+            buffer = self._buffers[parts[0].dtype] = np.empty((total, *self.input_shape), dtype=parts[0].dtype)
+        return join(parts, buffer[:total])
 
     def _check(self, images: np.ndarray, outputs: np.ndarray) -> None:
         """The first call's outputs against the single-device fp32 reference (RunContext's check)."""
         from autohet.context import RunContext
         from autohet.workload import Workload
 
+        if images.dtype == np.uint8:
+            images = self._pixel_scale().apply(images)
         ctx = RunContext(self.model, Workload(images, len(images)), check_images=self.check_images)
         ok, diff, tol, problems = ctx.check(outputs, np.ones(len(images), dtype=np.int32), self.served.precision,
                                             self.served.simulated)

@@ -80,9 +80,7 @@ class Replica:
     # runner runs its calls one at a time), so the devices do not wait for Serve between batches
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=2, batch_size_fn=_images_in)
     async def _batched(self, parts: list[np.ndarray]) -> list[np.ndarray]:
-        images = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        outputs = await asyncio.to_thread(self.runner, images)
-        return np.split(outputs, np.cumsum([len(p) for p in parts])[:-1])
+        return await asyncio.to_thread(self.runner.run_together, parts)  # pixels and inputs may mix
 
     def info(self) -> dict[str, Any]:
         import ray

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from autohet.runtime.images import BadImage, Preprocessing, decode
+from autohet.runtime.images import BadImage, Preprocessing, decode_pixels
 
 __all__ = ["IMAGE_TYPES", "NPY_TYPE", "BadRequest", "check_declared_length", "check_route", "decode_image",
            "media_type", "npy_bytes", "outputs_body", "parse_npy", "parse_query", "predict_body"]
@@ -53,7 +53,7 @@ def media_type(content_type: str | None) -> str:
     if media not in (*IMAGE_TYPES, NPY_TYPE):
         given = f"content type {media!r}" if media else "no content type"
         raise BadRequest(415, f"{given} is not served; send one image as image/jpeg or image/png, or a batch as "
-                              f"{NPY_TYPE} (an .npy of N x C x H x W float32)")
+                              f"{NPY_TYPE} (an .npy of N x C x H x W float32 inputs or uint8 pixels)")
     return media
 
 
@@ -87,24 +87,26 @@ def parse_query(query: Mapping[str, str]) -> bool:
 
 def check_body(body: bytes, media: str) -> None:
     if not body:
-        what = "one image's bytes" if media in IMAGE_TYPES else "an .npy of N x C x H x W float32 (numpy.save)"
+        what = "one image's bytes" if media in IMAGE_TYPES else "an .npy of N x C x H x W float32 or uint8 (numpy.save)"
         raise BadRequest(400, f"the body is empty; send {what}")
 
 
 def decode_image(body: bytes, prep: Preprocessing) -> np.ndarray:
-    """One JPEG/PNG body as a model input (1, C, H, W), preprocessed as ``run --input`` does."""
+    """One JPEG/PNG body as uint8 pixels (1, C, H, W), resized and cropped as ``run --input`` does: the
+    replica's runner scales them (on its GPU where it takes pixels), a quarter of float32's bytes to hand on."""
     check_body(body, IMAGE_TYPES[0])
     try:
-        return decode(io.BytesIO(body), prep, "the body")[None]
+        return decode_pixels(io.BytesIO(body), prep, "the body")[None]
     except BadImage as exc:
         reason = re.sub(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>", "", exc.reason)  # Pillow names the stream
         raise BadRequest(400, f"the body is not a readable image ({reason}); send a whole JPEG or PNG file") from None
 
 
 def parse_npy(body: bytes, shape: tuple[int, ...], model: str) -> np.ndarray:
-    """An .npy body as a (N, C, H, W) float32 array, a view of the body where its byte order is native."""
+    """An .npy body as a (N, C, H, W) float32 array (model inputs) or uint8 array (pixels, scaled by the
+    config's preprocess mean and std), a view of the body where its byte order is native."""
     check_body(body, NPY_TYPE)
-    want = f"(N, {', '.join(map(str, shape))}) float32"
+    want = f"(N, {', '.join(map(str, shape))}) float32 inputs or uint8 pixels"
     stream = io.BytesIO(body)
     try:
         version = np.lib.format.read_magic(stream)
@@ -113,19 +115,19 @@ def parse_npy(body: bytes, shape: tuple[int, ...], model: str) -> np.ndarray:
     except (ValueError, OSError, EOFError, SyntaxError) as exc:
         reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise BadRequest(400, f"the body is not an .npy file ({reason}); write it with numpy.save") from None
-    if dtype.kind != "f" or dtype.itemsize != 4:
+    if (dtype.kind, dtype.itemsize) not in (("f", 4), ("u", 1)):
         raise BadRequest(400, f"the .npy holds {dtype}; {model} takes {want}: convert with x.astype(numpy.float32)")
     if len(dims) != len(shape) + 1 or tuple(dims[1:]) != tuple(shape):
         raise BadRequest(400, f"the .npy holds shape {tuple(dims)}; {model} takes {want}: resize and crop the "
                               "images to the model's input (or send them one by one as JPEG/PNG)")
     count = int(np.prod(dims))
     offset = stream.tell()
-    if len(body) - offset != count * 4:
-        raise BadRequest(400, f"the .npy of shape {tuple(dims)} needs {count * 4} bytes of data and has "
+    if len(body) - offset != count * dtype.itemsize:
+        raise BadRequest(400, f"the .npy of shape {tuple(dims)} needs {count * dtype.itemsize} bytes of data and has "
                               f"{len(body) - offset}: the body is truncated or has extra bytes")
     array = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(dims, order="F" if fortran else "C")
     if fortran or not dtype.isnative:
-        array = np.ascontiguousarray(array, dtype=np.float32)
+        array = np.ascontiguousarray(array, dtype=dtype.newbyteorder("="))
     return array
 
 

@@ -20,7 +20,7 @@ from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam
 from autohet.strategies._driver import SchedState, drive, drive_measurement, split_by_weights
 from autohet.strategies.base import Strategy
 from autohet.strategies.served import Served
-from autohet.workload import Workload
+from autohet.workload import PixelScale, Workload
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
@@ -139,6 +139,9 @@ class DataParallelServed(Served):
                 with lock or nullcontext():
                     outputs = self._drive(self.pool.use_staged(staged), images)
                 yield outputs
+
+    def accept_pixels(self, scale: PixelScale) -> bool:
+        return self.pool.accept_pixels(scale)
 
     def describe(self) -> dict[str, Any]:
         return {"executors": [e.device for e in self.pool.spec.executors], "strategy": self.strategy.name,

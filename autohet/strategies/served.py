@@ -18,6 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from autohet.engine import Engine, Program
+    from autohet.workload import PixelScale
 
 __all__ = ["EngineServed", "Served"]
 
@@ -48,6 +49,11 @@ class Served(ABC):
             images = parts[0] if len(parts) == 1 else np.concatenate(parts)
             with lock or nullcontext():
                 yield self(images)
+
+    def accept_pixels(self, scale: PixelScale) -> bool:
+        """Whether calls may hand (N, C, H, W) uint8 pixels that the devices scale themselves (``scale``):
+        a GPU copies a quarter of float32's bytes. Otherwise the caller scales them on the host."""
+        return False
 
     def describe(self) -> dict[str, Any]:
         """What runs where (devices, the plan): for logs and the CLI's summary."""
