@@ -50,12 +50,12 @@ def measured_run(config: Any, images: int) -> float:
     return m.throughput_ips
 
 
-def streamed(path: str, images: int, batch: int | None) -> tuple[float, dict[str, Any]]:
+def streamed(path: str, images: int, batch: int | None, window: int | None = None) -> tuple[float, dict[str, Any]]:
     """img/s of ``images`` synthetic images through ``autohet.load``'s ``map`` (``stream_ips``), in
     batches of ``batch`` (default: the executors' largest batch)."""
     import autohet
 
-    with autohet.load(path) as runner:
+    with autohet.load(path, window=window) as runner:
         size = batch or max(e.batch for e in runner.config.pool.executors)
         steady, cold = stream_ips(runner, images, size)
         pixels, pixels_cold = stream_ips(runner, images, size, pixels=True)
@@ -128,6 +128,9 @@ def main() -> None:
     parser.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
     parser.add_argument("--images", type=int, default=20000)
     parser.add_argument("--batch", type=int, help="images per streamed batch (default: the largest executor batch)")
+    parser.add_argument("--window", type=int, help="autohet.load(window=): images per stream window (default: "
+                        "the tuned run's, at most 1 GiB of them)")
+    parser.add_argument("--no-run", action="store_true", help="skip the in-process measured run (run_ips)")
     parser.add_argument("--jpegs", type=int, default=0, help="also run this many synthetic JPEGs through run --input")
     parser.add_argument("--jpeg-size", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
     parser.add_argument("--smoke", action="store_true", help="lenet on actors/cpu2.yaml, 2000 images, 40 JPEGs")
@@ -142,9 +145,10 @@ def main() -> None:
             raise SystemExit("give --config FILE or --smoke")
         images, jpegs = (2000, 40) if args.smoke else (args.images, args.jpegs)
         config = load_config(path)
-        run_ips = measured_run(config, images)
-        load_ips, how = streamed(path, images, args.batch)
+        run_ips = float("nan") if args.no_run else measured_run(config, images)
+        load_ips, how = streamed(path, images, args.batch, args.window)
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
+                               "window_given": args.window,
                                "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
         tuned = config.measured.get("throughput_ips")
@@ -153,10 +157,10 @@ def main() -> None:
         if jpegs:
             row.update(files(path, jpegs, 64 if args.smoke else args.jpeg_size, folder / "jpegs"))
             row["files_over_load"] = row["files_ips"] / load_ips
-    emit("runtime_load", [row], [c for c in ("model", "strategy", "images", "batch", "run_ips", "tune_ips",
-                                             "load_ips", "stream_cold_ips", "load_over_run", "load_over_tune",
-                                             "pixels_ips", "pixels_on_device", "pixels_over_tune", "files", "files_ips",
-                                             "files_over_load", "decode_cores") if c in row], args.out)
+    columns = ("model", "strategy", "images", "window_given", "batch", "run_ips", "tune_ips", "load_ips",
+               "stream_cold_ips", "load_over_run", "load_over_tune", "pixels_ips", "pixels_on_device",
+               "pixels_over_tune", "files", "files_ips", "files_over_load", "decode_cores")
+    emit("runtime_load", [row], [c for c in columns if c in row], args.out)
 
 
 if __name__ == "__main__":

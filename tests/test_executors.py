@@ -316,3 +316,22 @@ def test_gpu_executor_scales_uint8_pixels_on_the_device(precision):
     ex.pixel_scale = None
     with pytest.raises(UserError, match="pixel scale"):
         ex.stage([pixels[:4]])
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_replays_its_kernels_as_one_graph(lenet_workload):
+    """inductor's default mode launches each kernel from Python; the executor captures the compiled
+    call as a CUDA graph (full and partial batches, padded to the compiled shape) with the reference's
+    outputs."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from autohet.executors.compiled import GraphedCall
+
+    ex = make_executor(ExecutorSpec("g", "gpu", (), 0, batch=64, precision="fp16", backend="inductor"),
+                       ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    with torch.inference_mode():
+        ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(0, 150))).numpy()
+    out = ex.run(0, 150).outputs
+    assert np.max(np.abs(out - ref)) <= 1e-2 * np.max(np.abs(ref))
+    assert isinstance(ex.variant.graphs[64], GraphedCall)

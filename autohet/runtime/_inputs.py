@@ -75,9 +75,9 @@ _END = object()
 
 class ReadAhead:
     """Batches pulled from ``source`` on a thread of their own, checked (``as_batch``) and held until
-    taken, at most ``limit`` images ahead, so producing the next batches (decoding, a tensor's copy
-    from a GPU) overlaps the current call. An error of the source or of a check is raised in order,
-    after the batches before it."""
+    taken, at most ``limit`` bytes ahead (uint8 pixels: four times float32's images), so producing the
+    next batches (decoding, a tensor's copy from a GPU) overlaps the current call. An error of the
+    source or of a check is raised in order, after the batches before it."""
 
     def __init__(self, source: Iterable[Any], shape: tuple[int, ...], model: str, limit: int) -> None:
         self.items: deque[Any] = deque()
@@ -97,7 +97,7 @@ class ReadAhead:
                     self.cond.wait_for(lambda: self.stopped or self.held < self.limit)
                     if self.stopped:
                         return
-                    self._put(item, len(item.images))
+                    self._put(item, item.images.nbytes)
         except BaseException as exc:  # handed to the consumer, in order
             with self.cond:
                 self._put(exc, 0)
@@ -105,21 +105,22 @@ class ReadAhead:
         with self.cond:
             self._put(_END, 0)
 
-    def _put(self, item: Any, images: int) -> None:
+    def _put(self, item: Any, size: int) -> None:
         self.items.append(item)
-        self.held += images
+        self.held += size
         self.cond.notify_all()
 
-    def take(self, images: int) -> tuple[list[Batch], BaseException | None, bool]:
+    def take(self, images: int, most_bytes: int | None = None) -> tuple[list[Batch], BaseException | None, bool]:
         """At least one batch (waiting for it), then more while they are already here and fewer than
-        ``images`` images are taken: (batches, an error that came next, whether the source ended)."""
+        ``images`` images (and ``most_bytes`` bytes) are taken: (batches, an error that came next,
+        whether the source ended)."""
         taken: list[Batch] = []
-        count = 0
+        count = size = 0
         with self.cond:
             self.cond.wait_for(lambda: bool(self.items) or self.stopped)
             if self.stopped and not self.items:
                 return taken, None, True
-            while self.items and (not taken or count < images):
+            while self.items and (not taken or (count < images and (most_bytes is None or size < most_bytes))):
                 item = self.items.popleft()
                 if item is _END:
                     return taken, None, True
@@ -127,7 +128,8 @@ class ReadAhead:
                     return taken, item, True
                 taken.append(item)
                 count += len(item.images)
-                self.held -= len(item.images)
+                size += item.images.nbytes
+                self.held -= item.images.nbytes
             self.cond.notify_all()
         return taken, None, False
 

@@ -64,7 +64,11 @@ class Runner:
         self.check_images = check_images
         self.check_result: dict[str, float] = {}
         per_image = int(np.prod(self.input_shape)) * 4
+        # a stream's window: the tuned run's images, at most WINDOW_BYTES of them (uint8 pixels: four
+        # times float32's images), unless ``window`` says how many; ``window`` reports float32's
         self.window = window or max(served.batch, min(config.images, WINDOW_BYTES // per_image))
+        self._window_images = window or max(served.batch, config.images)
+        self._window_bytes = None if window else max(WINDOW_BYTES, served.batch * per_image)
         self.classes: int | None = None
         self._pending: list[_Request] = []
         self._buffers: dict[np.dtype, np.ndarray] = {}
@@ -95,7 +99,8 @@ class Runner:
     def map(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Outputs of each batch, in order. Batches are read ahead on a thread and those already there
         run as one call, up to ``window`` images, so the devices see calls as large as the tuned run's."""
-        reader = ReadAhead(batches, self.input_shape, self.model.name, 2 * self.window)
+        reader = ReadAhead(batches, self.input_shape, self.model.name,
+                           2 * (self._window_bytes or self.window * int(np.prod(self.input_shape)) * 4))
         try:
             while True:
                 if self.checked and self._stream_lock.acquire(blocking=False):
@@ -104,7 +109,7 @@ class Runner:
                     finally:
                         self._stream_lock.release()
                     return
-                taken, error, ended = reader.take(self.window)
+                taken, error, ended = reader.take(self._window_images, self._window_bytes)
                 if taken:  # the first window (checked on its own call), or a second stream's windows
                     for b, out in zip(taken, self._run([b.images for b in taken]), strict=True):
                         yield b.give_back(out)
@@ -124,7 +129,7 @@ class Runner:
 
         def source() -> Iterator[list[np.ndarray]]:
             while True:
-                taken, error, ended = reader.take(self.window)
+                taken, error, ended = reader.take(self._window_images, self._window_bytes)
                 if taken:
                     windows.append(taken)
                     yield self._device_inputs([b.images for b in taken])
