@@ -47,7 +47,7 @@ case "$1" in
     tail -3 "$W/gpu_tests.log"; stop_ray
     work=/tmp/deploy; mkdir -p $work
     log "peers of resnet18 (eager, torch.compile, CUDA graph) and a default autohet tune (--time-budget ${TUNE_BUDGET:-90})"
-    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models resnet18 --max-mode "" --no-b1-compile \
+    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models resnet18 --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-90} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
     tail -6 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null
     best=$work/runs/peers-resnet18/best.yaml; cp $best "$W/tuned.yaml" 2>/dev/null; stop_ray
@@ -75,7 +75,7 @@ case "$1" in
   small)
     stop_ray; work=/tmp/small; mkdir -p $work
     log "a small fast model (cifarnet, 32x32): peers and a default tune (--time-budget ${TUNE_BUDGET:-120})"
-    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "" --no-b1-compile \
+    t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
     tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
   *) echo "unknown section '$1': runtime, tune_runtime, serve or small"; exit 2 ;;
