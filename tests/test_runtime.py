@@ -365,3 +365,58 @@ def test_a_pool_that_takes_pixels_gets_them_unscaled_and_scales_them_itself(tmp_
         seen.clear()
         close_to(np.concatenate(runner._run([pixels[:3], inputs[3:6]])), ref[:6])
         assert set(seen) == {np.dtype(np.float32)}
+
+
+def _single_stream_check(runner, x: np.ndarray, ref: np.ndarray) -> None:
+    runner(x[:2])  # the checked call
+    side: list[np.ndarray] = []
+    outs = []
+    for k, out in enumerate(runner.map([x[i : i + 2] for i in range(2, 34, 2)])):
+        outs.append(out)
+        if k == 3:  # mid-stream, from another thread: runs between two windows
+            t = threading.Thread(target=lambda: side.append(runner(x[34:37])))
+            t.start()
+            t.join(60)
+    close_to(np.concatenate(outs), ref[2:34])
+    close_to(side[0], ref[34:37])
+    early = runner.map([x[i : i + 2] for i in range(0, 40, 2)])
+    close_to(next(early), ref[:2])
+    early.close()  # must not hang on the stager waiting for a window
+    close_to(runner(x[37:40]), ref[37:40])
+
+
+def test_one_asynchronous_executor_streams_windows_back_to_back(tmp_path, monkeypatch):
+    """A stream of one executor that queues units asynchronously (a GPU) goes through
+    ``LocalPool.stream_windows`` (the next window queued before the current one is collected): outputs
+    in order, a call from another thread between windows, an early close that does not hang. The test
+    double: a CPU executor marked asynchronous (its launch runs at once)."""
+    from autohet.executors.cpu import CpuExecutor
+
+    used: list[int] = []
+    real = LocalPool.stream_windows
+
+    def spy(pool, windows, lock):
+        used.append(1)
+        yield from real(pool, windows, lock)
+
+    monkeypatch.setattr(CpuExecutor, "launches_async", True)
+    monkeypatch.setattr(LocalPool, "stream_windows", spy)
+    x = np.random.default_rng(7).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
+    with autohet.load(write(tmp_path, "lenet", "single", {"executor": 0}), window=4) as runner:
+        _single_stream_check(runner, x, reference("lenet", x))
+    assert used
+
+
+@pytest.mark.gpu
+def test_a_gpu_stream_of_windows_queued_back_to_back_returns_the_reference(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    gpu = PoolSpec("gpu", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=4, precision="fp32")])
+    path = write_config(RunConfig(ModelSpec("lenet"), gpu, "single", {"executor": 0}, images=64),
+                        tmp_path / "gpu.yaml")
+    x = np.random.default_rng(8).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
+    with autohet.load(path, window=6) as runner:
+        assert runner.pool.overlaps_windows()
+        _single_stream_check(runner, x, reference("lenet", x))

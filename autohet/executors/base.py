@@ -218,6 +218,10 @@ class Executor(ABC):
         ``use_staged`` makes the workload. A GPU copies them straight into a pinned buffer instead."""
         return join_parts(parts)
 
+    # Executors whose ``launch`` queues a unit and returns at once (a GPU): a stream of one such executor
+    # queues the next window's units before collecting the current one's (``LocalPool.stream_windows``).
+    launches_async = False
+
     # Executors that take uint8 pixels (N, C, H, W) as their workload and apply ``pixel_scale`` on the
     # device themselves (a GPU: a quarter of float32's bytes crosses to it); the others take float32.
     takes_pixels = False

@@ -188,6 +188,7 @@ class GpuExecutor(Executor):
         self._ahead = {}
 
     takes_pixels = True
+    launches_async = True
 
     def _staged_dtype(self, rows: Any) -> torch.dtype:
         """uint8 pixels stay uint8 (scaled on the GPU, ``pixel_scale``); inputs go to the compute dtype."""
