@@ -293,7 +293,7 @@ class GpuExecutor(Executor):
                 slot = self._slot
                 self._slot ^= 1
                 pixels = self.bank.dtype == torch.uint8
-                landing = self._pixel_buffers()[slot] if pixels else self.dev_in[slot]
+                landing = self._pixel_buffers()[0][slot] if pixels else self.dev_in[slot]
                 with torch.cuda.stream(self.copy_stream):
                     self.copy_stream.wait_event(self.consumed[slot])
                     for row, dest, count in self._segments(start + offset, n):
@@ -301,9 +301,11 @@ class GpuExecutor(Executor):
                     self.copied[slot].record(self.copy_stream)
                 with torch.cuda.stream(self.compute_stream):
                     self.compute_stream.wait_event(self.copied[slot])
-                    if pixels:  # one fused multiply-add: uint8 in, the compute dtype out
-                        torch.addcmul(self._shift, landing[:n], self._factor, out=self.dev_in[slot][:n])
-                    x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
+                    if pixels:  # one fused multiply-add: uint8 in, the compute dtype out, in the model's layout
+                        x = self._pixel_buffers()[1][slot][:padded]
+                        torch.addcmul(self._shift, landing[:n], self._factor, out=x[:n])
+                    else:
+                        x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
                     y = self._forward(x, padded)[:n]
                     self.consumed[slot].record(self.compute_stream)
                     if outputs is None:  # pinned, one per unit: freed to torch's host cache once returned
@@ -313,17 +315,20 @@ class GpuExecutor(Executor):
         assert outputs is not None
         return _Launched(outputs, begin, end)
 
-    def _pixel_buffers(self) -> list[torch.Tensor]:
-        """Two device buffers the uint8 pixels land in (beside ``dev_in``), and the scale's factors."""
-        shape = tuple(self.dev_in[0].shape)
-        if getattr(self, "_pixels", None) is None or tuple(self._pixels[0].shape) != shape \
-                or self._pixels_scale != self.pixel_scale:
+    def _pixel_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Two device buffers the uint8 pixels land in, two the scaled inputs are written to in the
+        model's dtype and layout (channels_last: no further copy), and the scale's factors."""
+        key = (tuple(self.dev_in[0].shape), self.dtype, self.memory_format, self.pixel_scale)
+        if getattr(self, "_pixels_key", None) != key:
             assert self.pixel_scale is not None
-            self._pixels_scale = self.pixel_scale
             a, b = self.pixel_scale.factors()
             self._factor = torch.from_numpy(a).to(self.device)
             self._shift = torch.from_numpy(b).to(self.device)
-            self._pixels = [torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)]
+            shape = key[0]
+            self._pixels = ([torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)],
+                            [torch.empty(shape, dtype=self.dtype, device=self.device).contiguous(
+                                memory_format=self.memory_format) for _ in range(2)])
+            self._pixels_key = key
         return self._pixels
 
     def collect(self, handle: _Launched) -> UnitResult:
