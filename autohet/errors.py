@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = ["Interrupted", "RunTimeout", "UserError", "unknown_name"]
 
 
@@ -22,12 +24,16 @@ class RunTimeout(UserError):
     """A run passed its time limit (a hopeless trial, e.g. a huge unit on a slow CPU group).
 
     ``busy`` lists the executors still working on a unit: their actors must be replaced before the
-    next run, or that run would queue behind the abandoned work.
+    next run, or that run would queue behind the abandoned work. ``settle(seconds)``, where the run's
+    dispatcher can wait for work it already sent, waits up to that long and names those still busy
+    after it: an executor whose last parts finish within it need not be replaced (a fresh actor costs
+    seconds: starting, building the model, warming every shape).
     """
 
-    def __init__(self, message: str, busy: list[int]) -> None:
+    def __init__(self, message: str, busy: list[int], settle: Callable[[float], list[int]] | None = None) -> None:
         super().__init__(message)
         self.busy = busy
+        self.settle = settle
 
 
 def unknown_name(kind: str, name: str, valid: list[str] | tuple[str, ...]) -> UserError:

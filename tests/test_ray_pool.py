@@ -154,6 +154,7 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
         with pytest.raises(RunTimeout, match=r"within 2 s \(1000 of 2000 images done; still busy: slow\)") as info:
             run_strategy("fifo", {"c": 1000}, pool, ctx)
         assert info.value.busy == [1]
+        assert info.value.settle(0.2) == [1]  # its part (100 s of work) is not done after a short wait
         old = pool.actors[1]
         pool.replace(info.value.busy)
         assert pool.actors[1] is not old
@@ -164,6 +165,26 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
         except RunTimeout as exc:
             pytest.fail(f"the replaced executor queued behind the abandoned unit: {exc}")
         assert m.output_ok and m.images == 5 and [e.images for e in m.executors] == [0, 5]
+    finally:
+        pool.shutdown()
+
+
+def test_a_cut_run_names_only_the_executors_whose_sent_parts_do_not_finish_within_the_wait(ray_local):
+    """A unit of 2.5 s on an executor cut at 1 s: after waiting 5 s for its sent parts it is done and
+    needs no replacing (settle names nobody); the actor then runs the next run at once."""
+    from autohet.errors import RunTimeout
+
+    spec = PoolSpec("settle", [ExecutorSpec("quick", "sim", speed_ips=200.0)])
+    workload = Workload.from_spec(WorkloadSpec(500, (1, 28, 28)))
+    pool = RayPool(spec, "settle-test")
+    try:
+        pool.start(ModelSpec("lenet"), workload)
+        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=1.0)
+        with pytest.raises(RunTimeout) as info:
+            run_strategy("single", {"executor": 0}, pool, ctx)
+        assert info.value.busy == [0] and info.value.settle(30.0) == []
+        m = run_strategy("single", {"executor": 0}, pool, ctx.with_images(20))
+        assert m.output_ok and m.images == 20
     finally:
         pool.shutdown()
 

@@ -128,6 +128,11 @@ class Dispatcher(ABC):
                 self.queued.pop(done.executor, None)
         return done
 
+    def settle(self, seconds: float) -> list[int]:
+        """The executors still working on work already sent, after waiting up to ``seconds`` for it
+        (a cut run's); a dispatcher that cannot wait for it names every busy one."""
+        return sorted(self.busy)
+
     def close(self) -> None:  # noqa: B027
         """Optional hook: release threads or handles."""
 

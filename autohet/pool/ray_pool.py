@@ -311,6 +311,17 @@ class RayDispatcher(Dispatcher):
                         for u in units if u is not unit]
         return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), 0.0, error=error)
 
+    def settle(self, seconds: float) -> list[int]:
+        """Waits up to ``seconds`` for the parts already on the actors (at most ``depth`` each: the
+        rest of a unit is never sent) and names the executors whose parts are not done by then."""
+        import ray
+
+        refs = list(self.refs)
+        if refs:
+            _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))
+            return sorted({self.refs[r][0].executor for r in pending})
+        return []
+
     def _wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
         import numpy as np
         import ray

@@ -182,7 +182,7 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
             advice = hint() if hint is not None else "narrow the search space"
             raise RunTimeout(f"{strategy.name} did not finish within {deadline_s:.0f} s ({int(coverage.sum())} of "
                              f"{total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
-                             f"{advice}", busy)
+                             f"{advice}", busy, dispatcher.settle)
         i = done.executor
         st.now = done.done_s - t0
         timeline.append(WorkUnit(dispatcher.names[i], done.start, done.size, done.submitted_s - t0,

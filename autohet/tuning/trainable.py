@@ -33,12 +33,16 @@ from autohet.tuning.space import SearchSpace
 from autohet.tuning.thermal import too_hot, wait_cool
 from autohet.workload import Workload
 
-__all__ = ["CPU_ENGINE_HEADROOM", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup", "TrialSizing",
-           "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics", "trial_status",
-           "tune_entry"]
+__all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup",
+           "TrialSizing", "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics",
+           "trial_status", "tune_entry"]
 
 # The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
 CUT_FLOOR_S = 5.0
+# A cut trial's executors get this long to finish the parts already sent to them; those that do are
+# kept (a fresh actor costs seconds of start, model build and warm-up: on the H200 box 5 of 11 trials of
+# a resnet18 tune were cut and acquiring took 32% of its wall time, BENCHMARKS 18).
+CUT_DRAIN_S = 2.0
 # A throughput trial's outputs (images x classes float32) stay within this: 268k images of resnet18.
 MAX_OUTPUT_BYTES = 1 << 30
 
@@ -208,7 +212,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         pool = RayPool.attached(spec, actors, (setup.model, setup.workload.images))
         m = run_strategy(strategy, params, pool, ctx)
     except RunTimeout as exc:  # cut: replace the executors still busy with the abandoned work
-        ray.get(manager.replace.remote(exc.busy))
+        busy = exc.busy if exc.settle is None else exc.settle(CUT_DRAIN_S)
+        ray.get(manager.replace.remote(busy))
         message = str(exc) if cut is None else (
             f"cut at {cut:.1f} s: slower than 1/{setup.cut_factor:g} of the fastest valid trial so far "
             f"(cut_factor {setup.cut_factor:g})")
