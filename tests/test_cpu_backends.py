@@ -158,3 +158,138 @@ def test_openvino_warms_the_piece_size_of_a_full_call(cache, lenet_workload):
     one = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16, backend="openvino", streams=1), ModelSpec("lenet"))
     one.load(lenet_workload)
     assert one.program.warm_images(128) == 0
+
+
+class _FakeCompiled:
+    """What OpenVinoProgram reads of a compiled model: its requests, a dynamic batch, 4 classes."""
+
+    class _Port:
+        def __init__(self, static: bool) -> None:
+            self.is_static = static
+
+        def get_partial_shape(self):
+            return self
+
+        def __getitem__(self, k: int):
+            return type("Dim", (), {"get_length": lambda _self: 4})()
+
+    def __init__(self, requests: int) -> None:
+        self.requests = requests
+
+    def get_property(self, name: str) -> int:
+        assert name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS"
+        return self.requests
+
+    def input(self, k: int):
+        return self._Port(static=False)
+
+    def output(self, k: int):
+        return self._Port(static=True)
+
+
+class _FakeQueue:
+    """An AsyncInferQueue whose requests finish only when asked for one (``start_async`` with none
+    free: the oldest running finishes first) or for all (``wait_all``): which pieces run when is fixed.
+    A piece's outputs are its rows' sums (4 classes), so every row's place can be checked."""
+
+    def __init__(self, requests: int) -> None:
+        self.running: list[tuple[np.ndarray, object]] = []
+        self.requests = requests
+        self.started: list[tuple[int, int]] = []  # (id of the call's output array, offset) in start order
+
+    def set_callback(self, callback) -> None:
+        self.callback = callback
+
+    def is_ready(self) -> bool:
+        return len(self.running) < self.requests
+
+    def _finish_oldest(self) -> None:
+        rows, userdata = self.running.pop(0)
+        sums = rows.reshape(len(rows), -1).sum(axis=1, dtype=np.float32)
+        data = np.repeat(sums[:, None], 4, axis=1)
+        self.callback(type("Request", (), {"get_output_tensor": lambda _self, k: type("T", (), {"data": data})()})(),
+                      userdata)
+
+    def start_async(self, inputs, userdata) -> None:
+        if not self.is_ready():
+            self._finish_oldest()
+        self.running.append((np.array(inputs[0]), userdata))
+        self.started.append((id(userdata[0]), userdata[1]))
+
+    def wait_all(self) -> None:
+        while self.running:
+            self._finish_oldest()
+
+
+def _fake_program(requests: int):
+    from autohet.executors.cpu_backends._openvino import OpenVinoProgram
+
+    queue = _FakeQueue(requests)
+    return OpenVinoProgram(_FakeCompiled(requests), 16, (1, 2, 2), queue=queue), queue
+
+
+def _sums(x: np.ndarray) -> np.ndarray:
+    return np.repeat(x.reshape(len(x), -1).sum(axis=1, dtype=np.float32)[:, None], 4, axis=1)
+
+
+def test_openvino_queues_the_next_call_onto_the_requests_the_current_one_frees():
+    """Issue 26: a call's 8 pieces over 3 requests end with one request idle through the last piece, and
+    every request idle while the actor returns and takes the next call. A call launched behind it
+    (``run_ahead``'s next part) starts on the requests the current call's last pieces free: when the
+    current call is collected all 3 requests run the next call's pieces."""
+    program, queue = _fake_program(3)
+    x = np.arange(256 * 4, dtype=np.float32).reshape(256, 1, 2, 2)
+    a = program.launch(x[:128], 16)
+    b = program.launch(x[128:], 16)
+    assert len(queue.running) == 3 and len(program.pending) == 13  # 5 of a's 8 pieces and b's 8 wait
+    np.testing.assert_array_equal(program.collect(a), _sums(x[:128]))
+    assert [u[0] for _, u in queue.running] == [b, b, b]  # no request idles at the boundary
+    assert [off for _, off in queue.started] == [*range(0, 128, 16), 0, 16, 32]
+    np.testing.assert_array_equal(program.collect(b), _sums(x[128:]))
+    assert not queue.running and not program.pending
+
+
+def test_openvino_drops_an_announced_call_that_is_not_asked_for():
+    """A next part announced but never asked for: its pieces not yet started never start."""
+    program, queue = _fake_program(2)
+    x = np.arange(64 * 4, dtype=np.float32).reshape(64, 1, 2, 2)
+    a = program.launch(x[:32], 16)
+    b = program.launch(x[32:], 16)
+    program.drop(b)
+    np.testing.assert_array_equal(program.collect(a), _sums(x[:32]))
+    c = program.launch(x[:16], 16)
+    np.testing.assert_array_equal(program.collect(c), _sums(x[:16]))
+    assert [call for call, _ in queue.started] == [id(a), id(a), id(c), id(c)]  # none of b's
+    assert not program.pending
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino missing")
+def test_an_openvino_executor_queues_the_announced_part_before_returning(cache, lenet_workload):
+    """``run_ahead`` on an OpenVINO group launches the part the actor announces before waiting for the
+    current one (as a GPU does); the announced part, asked for next, is the one already launched.
+    Outputs in order."""
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16, backend="openvino"), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    a = ex.run_ahead(0, 64, (64, 64))
+    queued = ex._ahead[(64, 64)]
+    b = ex.run_ahead(64, 64, (128, 50))
+    assert queued.handle.done.is_set() and (128, 50) in ex._ahead
+    c = ex.run_ahead(150, 50, None)  # the announced (128, 50) was not asked for: dropped
+    assert not ex._ahead and not ex.program.pending
+    tol = 1e-4 * np.max(np.abs(reference(lenet_workload, 0, 200))) + 1e-5
+    got = np.concatenate([a.outputs, b.outputs])
+    assert np.max(np.abs(got - reference(lenet_workload, 0, 128))) <= tol
+    assert np.max(np.abs(c.outputs - reference(lenet_workload, 150, 50))) <= tol
+    assert min(a.compute_s, b.compute_s, c.compute_s) > 0
+
+
+def test_the_dispatcher_names_the_next_unit_to_groups_that_queue_it():
+    """OpenVINO groups queue an announced part (``runs_ahead``), so the Ray pool's dispatcher names them
+    the next unit while the current one drains, as it does GPUs; synchronous backends run their units
+    one call at a time. Read from the backend class: no openvino needed."""
+    def spec(backend: str) -> ExecutorSpec:
+        return ExecutorSpec("c", "cpu", (0,), batch=16, backend=backend)
+
+    assert spec("openvino").runs_ahead
+    assert not any(spec(b).runs_ahead for b in ("eager", "inductor", "onnxruntime"))
+    assert ExecutorSpec("g", "gpu", (0,), gpu=0).runs_ahead

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -91,19 +92,43 @@ def pin_thread(cores: tuple[int, ...], owner: str = "") -> None:
     _PINNED.cores = cores
 
 
+@dataclass
+class _Launched:
+    """A unit started on an asynchronous program: the program's handle and when it was launched."""
+
+    program: CpuProgram
+    handle: Any
+    launched: float
+
+
 class CpuExecutor(Executor):
     """A pinned core group running its model with a CPU backend (``executors.cpu_backends``): one
-    program per variant, built on the group's pinned thread and kept."""
+    program per variant, built on the group's pinned thread and kept.
+
+    With an asynchronous program (OpenVINO) ``run_ahead`` queues the part the actor announces behind
+    the current one before waiting for it, as the GPU executor does: the program's streams start on it
+    as the current part's last pieces finish, and keep running while the actor returns this part's
+    outputs and takes the next call."""
+
+    _ahead: dict[tuple[int, int], _Launched]
+    _free_at = 0.0  # when the last collected unit finished: a unit queued behind it is charged from then
 
     def load(self, workload: Workload) -> None:
         self.workload = workload
         self._source = ModelSource(self.model_spec)
         self._programs: dict[tuple, CpuProgram] = {}
+        self._ahead = {}
         self._activate()
+
+    def _drop_ahead(self) -> None:
+        for launched in self._ahead.values():
+            launched.program.drop(launched.handle)
+        self._ahead = {}
 
     def _activate(self) -> None:
         """Builds (or finds) the program of the current spec and warms it up."""
         assert self.workload is not None
+        self._drop_ahead()
         check_backend("cpu", self.spec.backend, self.spec.precision, self.spec.name)
         pin_thread(self.spec.cores)
         backend = cpu_backend(self.spec.backend)
@@ -123,12 +148,56 @@ class CpuExecutor(Executor):
     def reconfigure(self) -> None:
         self._activate()
 
+    def set_workload(self, workload: Workload) -> None:
+        self._drop_ahead()  # parts announced on the old images
+        super().set_workload(workload)
+
+    def _start(self, start: int, size: int) -> _Launched:
+        assert self.workload is not None
+        pin_thread(self.spec.cores)
+        t0 = time.perf_counter()
+        return _Launched(self.program, self.program.launch(self.workload.rows(start, size), self.spec.batch), t0)
+
+    def launch(self, start: int, size: int) -> Any:
+        """An asynchronous program's unit started (collected by ``collect``); a synchronous one's run now."""
+        return self._start(start, size) if self.program.asynchronous else self.run(start, size)
+
+    def collect(self, handle: Any) -> UnitResult:
+        """Waits for a launched unit; ``compute_s`` counts from its launch or, for a unit queued behind
+        another, from that one's end (wall time on the group, each second charged to one unit)."""
+        if isinstance(handle, UnitResult):  # a synchronous program's unit, already run
+            return handle
+        outputs = handle.program.collect(handle.handle)
+        now = time.perf_counter()
+        compute_s = now - max(handle.launched, self._free_at)
+        self._free_at = now
+        return UnitResult(outputs, compute_s)
+
     def run(self, start: int, size: int) -> UnitResult:
+        if self.program.asynchronous:
+            return self.collect(self._start(start, size))
         assert self.workload is not None
         pin_thread(self.spec.cores)
         t0 = time.perf_counter()
         outputs = self.program.run(self.workload.rows(start, size), self.spec.batch)
         return UnitResult(outputs, time.perf_counter() - t0)
+
+    def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
+        """Runs [start, start+size), already queued where the previous call announced it, and with an
+        asynchronous program queues ``following`` behind it before waiting (a synchronous one would run
+        it before returning this unit: it only runs this one)."""
+        if not self.program.asynchronous:
+            self._drop_ahead()
+            return super().run_ahead(start, size, following)
+        if size >= self.spec.batch:
+            self.warm_units.add(self.standalone_unit())
+        handle = self._ahead.pop((start, size), None)
+        self._drop_ahead()  # an announced part that was not asked for: its pieces not yet started never start
+        if handle is None:
+            handle = self._start(start, size)
+        if following is not None:
+            self._ahead[following] = self._start(*following)
+        return self.collect(handle)
 
     def describe(self) -> dict[str, Any]:
         program = getattr(self, "program", None)

@@ -359,9 +359,10 @@ class RayPool(Pool):
         from autohet.pool.ray_pool import RayDispatcher
 
         execs = self.spec.executors
-        # GPUs (and simulated ones, which exercise the same protocol) take their next unit early
+        # GPUs (and simulated ones, which exercise the same protocol) and asynchronous CPU groups
+        # (OpenVINO) take their next unit early
         return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in execs],
-                             lookahead=[e.uses_gpu for e in execs])
+                             lookahead=[e.runs_ahead for e in execs])
 
     def set_workload(self, workload: Workload) -> list[int]:
         """The images through the object store once; each actor maps them (read-only, no copy)."""

@@ -34,10 +34,25 @@ class CpuProgram(ABC):
     """The model built for one executor variant (backend, precision, layout, batch, streams)."""
 
     compile_s: float = 0.0  # seconds converting and compiling it (0 where the cache had it)
+    # ``launch`` returns before the call has run (OpenVINO's infer requests): the executor may then queue
+    # its next part behind the current one (``CpuExecutor.run_ahead``); a synchronous program would run
+    # that part before returning the current one, so it is not asked to
+    asynchronous: ClassVar[bool] = False
 
     @abstractmethod
     def run(self, x: np.ndarray, batch: int) -> np.ndarray:
         """Outputs (float32, in input order) of the float32 images ``x``, any count, ``batch`` at a time."""
+
+    def launch(self, x: np.ndarray, batch: int) -> Any:
+        """Starts ``run(x, batch)`` and returns a handle for ``collect`` (synchronous programs: runs it)."""
+        return self.run(x, batch)
+
+    def collect(self, handle: Any) -> np.ndarray:
+        """The outputs of a launched call, once it is done (launched calls complete in launch order)."""
+        return handle
+
+    def drop(self, handle: Any) -> None:  # noqa: B027
+        """Forgets a launched call that will not be collected (its work not yet started is skipped)."""
 
     def describe(self) -> dict[str, Any]:
         """What the backend actually runs (e.g. OpenVINO's effective precision and streams)."""
@@ -58,6 +73,8 @@ class CpuBackend(ABC):
     # warmed up on a full batch: the backend plans its memory per input shape, and the first batch of a
     # new shape runs slow (eager PyTorch pays its first-call costs at any size: 8 images do)
     warm_full_batch: ClassVar[bool] = False
+    # its programs are asynchronous (``CpuProgram.asynchronous``): the executor queues its next part ahead
+    asynchronous: ClassVar[bool] = False
 
     def missing(self) -> str | None:
         """Why this backend cannot run on this machine (a package or a tool missing), or None."""

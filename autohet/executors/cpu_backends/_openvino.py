@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +53,15 @@ def piece_size(images: int, requests: int, most: int) -> int:
     return min(most, max(1, -(-images // requests)))
 
 
+class _Call:
+    """One call's pieces: its output rows, filled by position as pieces complete; ``done`` when all have."""
+
+    def __init__(self, images: int, classes: int) -> None:
+        self.out = np.empty((images, classes), dtype=np.float32)
+        self.left = 0  # pieces queued or running
+        self.done = threading.Event()
+
+
 class OpenVinoProgram(CpuProgram):
     """A compiled model and an infer-request queue over it. With one request the model has a static
     batch (partial batches padded); with several (one per stream) each batch is split into one piece
@@ -60,43 +70,92 @@ class OpenVinoProgram(CpuProgram):
     batches is spread over the requests in even pieces of at most a batch, not cut into pieces of
     batch/requests: on the H200 box's 15 cores (15 bf16 streams) a 16-image batch gave pieces of 2 and
     resnet18 ran 996 img/s in a single trial against 1298 for OpenVINO's own 16 images a request.
-    A unit's pieces are queued at once and their outputs placed by position as they complete."""
 
-    def __init__(self, compiled: Any, batch: int, shape: tuple[int, ...]) -> None:
-        import openvino as ov
+    Asynchronous (``launch``/``collect``): a launched call's pieces wait in one FIFO of pieces and go to
+    the requests as they free up; ``collect`` feeds that FIFO until its call is done, so pieces of a call
+    launched after it (the executor's next part, ``run_ahead``) start on the requests its last pieces
+    free: the streams do not drain at a call boundary (one stream idles through the last piece of a call
+    whose pieces do not divide evenly over the requests, e.g. 8 pieces over 3 streams) and stay busy
+    while the actor returns this call and takes the next. One caller thread at a time."""
 
+    asynchronous = True
+
+    def __init__(self, compiled: Any, batch: int, shape: tuple[int, ...], queue: Any = None) -> None:
         self.compiled, self.shape = compiled, shape
         self.requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
         self.static = compiled.input(0).get_partial_shape().is_static
         self.batch = batch  # images per request where the shape is static
         self.most = batch  # most images per request otherwise: a call's images are spread evenly over all requests
-        self.queue = ov.AsyncInferQueue(compiled, self.requests)
-        self.queue.set_callback(self._done)
-        self._out: np.ndarray | None = None
-        self._lock = threading.Lock()  # one unit at a time: the callback writes into this unit's array
+        self.classes = compiled.output(0).get_partial_shape()[1].get_length()
+        if queue is None:  # ``queue``: a test's stand-in for OpenVINO's
+            import openvino as ov
 
-    def _done(self, request: Any, where: tuple[int, int]) -> None:
-        start, count = where
-        assert self._out is not None
-        self._out[start : start + count] = request.get_output_tensor(0).data[:count]  # copied: the request is reused
+            queue = ov.AsyncInferQueue(compiled, self.requests)
+        self.queue = queue
+        self.queue.set_callback(self._done)
+        self.pending: deque[tuple[_Call, int, np.ndarray, int]] = deque()  # (call, offset, rows, count) not yet started
+        self.calls: list[_Call] = []  # launched, not known done
+        self._lock = threading.Lock()  # callbacks of two requests may run at once
+
+    def _done(self, request: Any, where: tuple[_Call, int, int]) -> None:
+        call, start, count = where
+        call.out[start : start + count] = request.get_output_tensor(0).data[:count]  # copied: the request is reused
+        with self._lock:
+            call.left -= 1
+            last = call.left == 0
+        if last:
+            call.done.set()
+
+    def _start_next(self) -> None:
+        """Starts the oldest waiting piece on the next free request (waits for one where none is free)."""
+        call, offset, rows, count = self.pending.popleft()
+        self.queue.start_async({0: rows}, (call, offset, count))
+
+    def launch(self, x: np.ndarray, batch: int) -> _Call:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        call = _Call(len(x), self.classes)
+        piece = self.batch if self.static else piece_size(len(x), self.requests, self.most)
+        for offset in range(0, len(x), piece):
+            rows = x[offset : offset + piece]
+            count = len(rows)
+            if self.static and count < self.batch:  # one compiled shape: a partial batch padded with zero rows
+                rows = np.concatenate([rows, np.zeros((self.batch - count, *rows.shape[1:]), np.float32)])
+            self.pending.append((call, offset, rows, count))
+            call.left += 1
+        if not call.left:
+            call.done.set()
+        self.calls = [c for c in self.calls if not c.done.is_set()] + [call]
+        while self.pending and self.queue.is_ready():  # what fits now; the rest goes as requests free up
+            self._start_next()
+        return call
+
+    def collect(self, call: _Call) -> np.ndarray:
+        while not call.done.is_set():
+            if self.pending:  # this call's pieces first (FIFO), then later calls' onto the requests it frees
+                self._start_next()
+            else:
+                self._wait(call)
+        return call.out
+
+    def _wait(self, call: _Call) -> None:
+        """Waits for ``call``'s running pieces (none of it is waiting). With no later call unfinished,
+        everything running is this call's (or a dropped call's): ``wait_all``, which also raises a failed
+        piece's error. Else its event; a failed piece surfaces once every request is idle."""
+        if not any(c is not call and not c.done.is_set() for c in self.calls):
+            self.queue.wait_all()
+        while not call.done.wait(1.0):
+            if self.queue.is_ready() and all(self.queue[k].wait_for(0) for k in range(self.requests)):
+                self.queue.wait_all()  # every request idle and the call not done: raises the failed piece's error
+                if not call.done.is_set():
+                    raise RuntimeError("OpenVINO finished every request without completing the call")
+
+    def drop(self, call: _Call) -> None:
+        """Forgets a launched call that will not be collected: its pieces not yet started never start."""
+        self.pending = deque(p for p in self.pending if p[0] is not call)
+        self.calls = [c for c in self.calls if c is not call]
 
     def run(self, x: np.ndarray, batch: int) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        with self._lock:
-            self._out = None
-            piece = self.batch if self.static else piece_size(len(x), self.requests, self.most)
-            for offset in range(0, len(x), piece):
-                rows = x[offset : offset + piece]
-                count = len(rows)
-                if self.static and count < self.batch:  # one compiled shape: a partial batch padded with zero rows
-                    rows = np.concatenate([rows, np.zeros((self.batch - count, *rows.shape[1:]), np.float32)])
-                if self._out is None:
-                    classes = self.compiled.output(0).get_partial_shape()[1].get_length()
-                    self._out = np.empty((len(x), classes), dtype=np.float32)
-                self.queue.start_async({0: rows}, (offset, count))
-            self.queue.wait_all()
-            out, self._out = self._out, None
-        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+        return self.collect(self.launch(x, batch))
 
     def warm_images(self, unit: int) -> int:
         """A dynamic-batch model prepares each new piece size on each stream the first time it meets it:
@@ -115,6 +174,7 @@ class OpenVinoBackend(CpuBackend):
     name = "openvino"
     precisions = ("fp32", "bf16")
     warm_full_batch = True
+    asynchronous = True
 
     def missing(self) -> str | None:
         try:
