@@ -11,8 +11,10 @@ bf16 peers run only where the CPU computes bf16 (AVX512-BF16 or AMX); elsewhere 
 many times slower than fp32, and OpenVINO silently runs f32: they are listed as skipped with why.
 Then autohet: a tune (``--readme``: exactly the README's main job, ``autohet tune --model vgg16``
 with the default budget and the auto pool; otherwise ``--pool``/``--time-budget``), its exported
-config rerun with ``autohet run --config``, and the ratio to the best peer. The tune's end-of-tune
-breakdown (cut trials' share of the budget, acquire share) is kept in the row.
+config rerun with ``autohet run --config``, and the ratio to the best peer; then (``--ab-rounds``) the
+best peer and the rerun again by turns, each round's ratio and their median (the figure to quote on a
+machine whose speed drifts). The tune's end-of-tune breakdown (cut trials' share of the budget,
+acquire share) is kept in the row.
 
     python -m bench.cpu_peers --models vgg16,resnet18 --readme            # 2-core box: the issue's figure
     python -m bench.cpu_peers --models resnet18,mobilenet_v2 --cores 1-15 --time-budget 300   # H100 box's CPU
@@ -107,7 +109,9 @@ def onnxruntime_peer(name: str, batch: int, threads: int, min_s: float, work: Pa
     return {"onnxruntime_fp32_ips": rate(lambda: session.run(None, {session.get_inputs()[0].name: x}), batch, min_s)}
 
 
-def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool) -> dict[str, Any]:
+def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool,
+                   only: tuple[str, str] | None = None) -> dict[str, Any]:
+    """OpenVINO at f32 and bf16 with each hint (``only``: one (precision, hint) pair)."""
     import openvino as ov
     import torch
 
@@ -120,10 +124,14 @@ def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool
     x = np.random.default_rng(0).standard_normal((batch, *shape), dtype=np.float32)
     out: dict[str, Any] = {}
     for precision in ("f32", "bf16"):
+        if only is not None and precision != only[0]:
+            continue
         if precision == "bf16" and not bf16:
             out["openvino_bf16"] = "skipped: no AVX512-BF16/AMX (OpenVINO would run f32)"
             continue
         for hint in ("THROUGHPUT", "LATENCY"):
+            if only is not None and (precision, hint) != only:
+                continue
             config = {"PERFORMANCE_HINT": hint, "INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads}
             compiled = core.compile_model(model, "CPU", config)
             requests = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
@@ -138,6 +146,46 @@ def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool
             out[f"{key}_ips"] = rate(batches, batch * requests, min_s)
             out[f"{key}_streams"] = int(compiled.get_property("NUM_STREAMS"))
     return out
+
+
+def peer_again(name: str, key: str, args: argparse.Namespace, threads: int, bf16: bool, work: Path) -> float:
+    """The peer ``key`` (a row key less ``_ips``) measured once more."""
+    if key.startswith("openvino_"):
+        _, precision, hint = key.split("_")
+        got = openvino_peers(name, args.batch, threads, args.seconds, bf16, (precision, hint.upper()))
+    elif key.startswith("onnxruntime"):
+        got = onnxruntime_peer(name, args.batch, threads, args.seconds, work)
+    else:
+        got = torch_peers(name, args.batch, threads, args.seconds, bf16, key.startswith("inductor"))
+    return float(got[f"{key}_ips"])
+
+
+def rerun(best: Path, images: int, work: Path) -> dict[str, Any]:
+    """``autohet run --config`` of the exported config over ``images``: its measurement as JSON."""
+    proc = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json", "--images",
+                           str(images)], cwd=work, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def alternate(name: str, row: dict[str, Any], args: argparse.Namespace, threads: int, bf16: bool, work: Path
+              ) -> dict[str, Any]:
+    """The best peer and autohet's rerun measured by turns, ``--ab-rounds`` times, back to back: a
+    machine whose speed drifts (the H200 box's CPU: OpenVINO bf16 at 983-1210 img/s in one hour) then
+    moves both alike. Each round's ratio, and the median."""
+    best = work / "runs" / f"cpu-peers-{name}" / "best.yaml"
+    ratios, peers, ours = [], [], []
+    for _ in range(args.ab_rounds):
+        peer = peer_again(name, row["best_peer"], args, threads, bf16, work)
+        m = rerun(best, row["autohet_images"], work)
+        if "throughput_ips" not in m:
+            return {"ab_error": m.get("error")}
+        peers.append(peer)
+        ours.append(m["throughput_ips"])
+        ratios.append(ours[-1] / peer)
+    return {"ab_peer": peers, "ab_autohet": ours, "ab_ratios": ratios,
+            "ab_ratio_median": float(np.median(ratios))}
 
 
 def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | None, peer_ips: float
@@ -162,18 +210,16 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
         out["autohet_error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return out
     images = max(64, int(peer_ips * args.rerun_s))
-    rerun = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json", "--images",
-                            str(images)], cwd=work, capture_output=True, text=True, timeout=1800)
+    m = rerun(best, images, work)
     out["autohet_images"] = images
-    if rerun.returncode == 0:
-        m = json.loads(rerun.stdout.strip().splitlines()[-1])
+    if "throughput_ips" in m:
         executors = m.get("extra", {}).get("pool", {}).get("executors", [])
         out.update(autohet_ips=m["throughput_ips"], autohet_strategy=m["strategy"],
                    autohet_executors=[{k: e.get(k) for k in ("name", "cores", "backend", "precision", "batch",
                                                               "streams", "channels_last") if k in e}
                                       for e in executors])
     else:
-        out["autohet_error"] = rerun.stderr.strip().splitlines()[-1:]
+        out["autohet_error"] = m["error"]
     return out
 
 
@@ -202,6 +248,8 @@ def main() -> None:
     parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
     parser.add_argument("--trials", type=int, help="end autohet's tune after this many trials (default: its budget)")
     parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 2-trial tune")
+    parser.add_argument("--ab-rounds", type=int, default=3,
+                        help="then the best peer and autohet's rerun by turns, this many rounds (0: none)")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
@@ -210,6 +258,7 @@ def main() -> None:
         args.models, args.seconds, args.time_budget, args.no_inductor, args.readme = "lenet", 0.5, 150.0, True, False
         args.trials = 2
         args.rerun_s = 1.0
+        args.ab_rounds = min(args.ab_rounds, 1)
     from autohet.executors.compiled import native_cpu_bf16, use_compile_cache
 
     cores = parse_cores(args.cores)
@@ -239,12 +288,15 @@ def main() -> None:
             row.update(autohet_tune(name, work, args, pool, row["best_peer_ips"]))
             if "autohet_ips" in row:
                 row["autohet_over_best_peer"] = row["autohet_ips"] / row["best_peer_ips"]
+                if args.ab_rounds > 0:
+                    row.update(alternate(name, row, args, len(cores), bf16, work))
         rows.append(row)
         print(json.dumps(row), flush=True)
     emit("cpu_peers", rows, ["model", "cores", "eager_fp32_nchw_ips", "eager_fp32_cl_ips", "eager_bf16_cl_ips",
                              "inductor_fp32_cl_ips", "inductor_bf16_cl_ips", "onnxruntime_fp32_ips",
                              "openvino_f32_throughput_ips", "openvino_f32_latency_ips", "openvino_bf16_throughput_ips",
-                             "best_peer", "best_peer_ips", "autohet_ips", "autohet_over_best_peer", "autohet_strategy"],
+                             "best_peer", "best_peer_ips", "autohet_ips", "autohet_over_best_peer", "autohet_strategy",
+                             "ab_ratio_median"],
          args.out)
 
 

@@ -42,6 +42,7 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert row["best_peer_ips"] == max(v for k, v in row.items() if k.endswith("_ips") and k != "autohet_ips"
                                            and k != "best_peer_ips")
         assert row["autohet_ips"] > 0 and row["autohet_over_best_peer"] == row["autohet_ips"] / row["best_peer_ips"]
+        assert len(row["ab_ratios"]) == 1 and row["ab_ratio_median"] == row["ab_autohet"][0] / row["ab_peer"][0]
     if bench == "serve_load":  # the service under load, one replica killed at 1 s: nothing lost, SIGTERM 143
         row = rows[0]
         assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"], row
