@@ -130,6 +130,13 @@ def test_an_empty_folder_and_a_wrong_npy_are_one_line(tmp_path, capsys):
                  str(tmp_path / "x.npy")]) == 2
     err = capsys.readouterr().err.strip()
     assert "lenet takes (N, 1, 28, 28)" in err and len(err.splitlines()) == 1
+    # integer pixels other than uint8 would run unscaled as float32: refused, naming both fixes
+    np.save(tmp_path / "ints.npy", np.zeros((2, 1, 28, 28), np.int64))
+    assert main(["run", "--config", config(tmp_path), "--input", str(tmp_path / "ints.npy"), "--out",
+                 str(tmp_path / "x.npy")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "holds int64" in err and "numpy.uint8" in err and len(err.splitlines()) == 1
+    assert leftovers(tmp_path) == ["ints.npy", "wrong.npy"]  # the inputs only: no output file
 
 
 def test_default_preprocessing_matches_torchvision_imagenet_evaluation(tmp_path):

@@ -385,6 +385,34 @@ def _single_stream_check(runner, x: np.ndarray, ref: np.ndarray) -> None:
     close_to(runner(x[37:40]), ref[37:40])
 
 
+def test_a_window_is_handed_back_while_the_source_waits_for_it(tmp_path, monkeypatch):
+    """A producer that sends its next batch only after it has the previous batch's outputs (a client
+    answering its requests one by one) gets them: a window queued back to back is not held until the
+    next one arrives. Bounded: a hang fails the test after 60 s."""
+    from autohet.executors.cpu import CpuExecutor
+
+    monkeypatch.setattr(CpuExecutor, "launches_async", True)
+    x = np.random.default_rng(9).standard_normal((12, *input_shape("lenet")), dtype=np.float32)
+    answered = threading.Event()
+    outs: list[np.ndarray] = []
+
+    def producer():
+        for i in range(0, 12, 2):
+            if i and not answered.wait(60):
+                raise AssertionError(f"batch {i // 2 - 1}'s outputs never came while the source waited")
+            answered.clear()
+            yield x[i : i + 2]
+
+    with autohet.load(write(tmp_path, "lenet", "single", {"executor": 0}), window=4) as runner:
+        runner(x[:2])  # the checked call: the stream then goes through stream_windows
+        assert runner.pool.overlaps_windows()
+        done = threading.Thread(target=lambda: [outs.append(o) or answered.set() for o in runner.map(producer())])
+        done.start()
+        done.join(120)
+        assert not done.is_alive()
+    close_to(np.concatenate(outs), reference("lenet", x))
+
+
 def test_one_asynchronous_executor_streams_windows_back_to_back(tmp_path, monkeypatch):
     """A stream of one executor that queues units asynchronously (a GPU) goes through
     ``LocalPool.stream_windows`` (the next window queued before the current one is collected): outputs

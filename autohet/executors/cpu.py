@@ -173,8 +173,13 @@ class CpuExecutor(Executor):
         self._free_at = now
         return UnitResult(outputs, compute_s)
 
+    def drain(self) -> None:
+        self._drop_ahead()
+        self.program.drain()
+
     def run(self, start: int, size: int) -> UnitResult:
         if self.program.asynchronous:
+            self._drop_ahead()  # a part announced by an earlier caller: its pieces would run first
             return self.collect(self._start(start, size))
         assert self.workload is not None
         pin_thread(self.spec.cores)

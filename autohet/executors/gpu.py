@@ -341,6 +341,11 @@ class GpuExecutor(Executor):
     def run(self, start: int, size: int) -> UnitResult:
         return self.run_ahead(start, size, None)
 
+    def drain(self) -> None:
+        for handle in self._ahead.values():
+            handle.end.synchronize()
+        self._ahead = {}
+
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs [start, start+size) — already queued if the previous call announced it — and queues
         ``following`` before waiting, all on the caller's thread (no second thread fighting the GIL

@@ -175,16 +175,24 @@ class LocalPool(Pool):
             return ex.launch(0, images)
 
         launched: deque[Any] = deque()
+
+        def collected() -> np.ndarray:
+            return worker.call(lambda h=launched.popleft(): ex.collect(h)).outputs
+
         with ThreadPoolExecutor(1, thread_name_prefix="autohet-stage") as stager:
             ahead = stager.submit(next_staged)
-            while (current := ahead.result()) is not None:
+            while True:
+                while launched and not ahead.done():  # the source is slow: hand back what is done meanwhile
+                    yield collected()  # (a producer may wait for this window's outputs before the next)
+                if (current := ahead.result()) is None:
+                    break
                 with lock:
                     launched.append(worker.call(lambda c=current: queue(*c)))
                 if len(launched) == 2:  # window k-1 collected: its buffer is free for window k+1
-                    yield worker.call(lambda h=launched.popleft(): ex.collect(h)).outputs
+                    yield collected()
                 ahead = stager.submit(next_staged)
             while launched:
-                yield worker.call(lambda h=launched.popleft(): ex.collect(h)).outputs
+                yield collected()
 
     def accept_pixels(self, scale: PixelScale) -> bool:
         if not self.executors or not all(ex.takes_pixels for ex in self.executors):

@@ -71,6 +71,9 @@ class ExecutorActor:
     def ping(self) -> str:
         return self.executor.ping()
 
+    def drain(self) -> None:
+        self.executor.drain()
+
     def node_id(self) -> str:
         import ray
 
@@ -129,6 +132,9 @@ class ExecutorGroupActor:
 
     def ping(self, member: int) -> str:
         return self.executors[member].ping()
+
+    def drain(self, member: int) -> None:
+        self.workers[member].call(self.executors[member].drain)
 
 
 class _BoundMethod:
@@ -251,7 +257,7 @@ class RayDispatcher(Dispatcher):
         self.depth = depth
         self.refs: dict[Any, tuple[_Unit, int]] = {}
         self.units: dict[int, list[_Unit]] = {}  # per executor, in the order they run
-        self.stale: set[Any] = set()  # parts of failed units still in flight: ignored
+        self.stale: dict[Any, int] = {}  # parts of failed units still in flight -> their executor: ignored
         self.failed: list[Completion] = []  # units queued behind a failed one, reported one by one
         self.t0 = time.perf_counter()
 
@@ -306,21 +312,38 @@ class RayDispatcher(Dispatcher):
         units = self.units.pop(unit.executor, [unit])
         for r in [r for r, (u, _) in self.refs.items() if u.executor == unit.executor]:
             del self.refs[r]
-            self.stale.add(r)
+            self.stale[r] = unit.executor
         self.failed += [Completion(u.executor, u.start, u.size, u.submitted, self.now(), 0.0, error=error)
                         for u in units if u is not unit]
         return Completion(unit.executor, unit.start, unit.size, unit.submitted, self.now(), 0.0, error=error)
 
     def settle(self, seconds: float) -> list[int]:
-        """Waits up to ``seconds`` for the parts already on the actors (at most ``depth`` each: the
-        rest of a unit is never sent) and names the executors whose parts are not done by then."""
+        """Waits up to ``seconds`` for the parts already on the actors (at most ``depth`` each: the rest
+        of a unit is never sent), then has each actor that had work finish what it queued ahead
+        (``drain``: a GPU's announced part, OpenVINO's started pieces). Names the executors not done
+        by then, and those whose parts failed (a dead actor): they are to be replaced."""
         import ray
 
-        refs = list(self.refs)
-        if refs:
-            _, pending = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, seconds))
-            return sorted({self.refs[r][0].executor for r in pending})
-        return []
+        deadline = time.perf_counter() + max(0.0, seconds)
+        owner = {**{r: u.executor for r, (u, _) in self.refs.items()}, **self.stale}
+        busy: set[int] = set()
+
+        def wait(refs: dict[Any, int]) -> None:
+            if not refs:
+                return
+            left = max(0.0, deadline - time.perf_counter())
+            ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=left)
+            busy.update(refs[r] for r in pending)
+            for r in ready:
+                try:
+                    ray.get(r)
+                except Exception:  # failed, or its actor died: replaced
+                    busy.add(refs[r])
+
+        wait(owner)
+        worked = (set(owner.values()) | set(self.busy)) - busy
+        wait({self.actors[i].drain.remote(): i for i in sorted(worked)})
+        return sorted(busy)
 
     def _wait_any(self, timeout: float | None = None) -> Completion | Ready | None:
         import numpy as np
@@ -336,7 +359,7 @@ class RayDispatcher(Dispatcher):
                 return None
             ref = ready[0]
             if ref in self.stale:
-                self.stale.discard(ref)
+                self.stale.pop(ref)
                 continue
             unit, index = self.refs.pop(ref)
             try:

@@ -38,6 +38,8 @@ class Batch:
 
 
 _TAKES = "float32 model inputs or uint8 pixels (scaled by the config's preprocess mean and std)"
+_FIX_NP = "pixels: x.astype(numpy.uint8); scaled inputs: x.astype(numpy.float32)"
+_FIX_TORCH = "pixels: x.to(torch.uint8); scaled inputs: x.float()"
 
 
 def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
@@ -47,14 +49,14 @@ def as_batch(x: Any, shape: tuple[int, ...], model: str) -> Batch:
         import torch
 
         if x.dtype not in (torch.float32, torch.uint8):
-            raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert with x.float()")
+            raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert ({_FIX_TORCH})")
         device = x.device
         x = x.detach().cpu().numpy()
     elif not isinstance(x, np.ndarray):
         raise UserError(f"input is a {type(x).__name__}; pass a numpy array or a torch tensor of shape "
                         f"(N, {', '.join(map(str, shape))})")
     elif x.dtype not in (np.float32, np.uint8):
-        raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert with x.astype(numpy.float32)")
+        raise UserError(f"input dtype is {x.dtype}; {model} takes {_TAKES}: convert ({_FIX_NP})")
     if x.ndim != len(shape) + 1 or tuple(x.shape[1:]) != tuple(shape):
         hint = "add the batch axis (x[None])" if tuple(x.shape) == tuple(shape) else \
             "resize and crop the images to the model's input (autohet run --input does)"

@@ -94,6 +94,9 @@ def _npy_batches(source: Path, shape: tuple[int, ...], model: str, batch: int, i
     if array.ndim != 4 or tuple(array.shape[1:]) != tuple(shape):
         raise UserError(f"{source} holds an array of shape {tuple(array.shape)}; {model} takes (N, "
                         f"{', '.join(map(str, shape))}) float32 inputs or uint8 pixels: preprocess it to that shape")
+    if array.dtype != np.uint8 and array.dtype.kind not in "f":
+        raise UserError(f"{source} holds {array.dtype}; {model} takes float32 inputs or uint8 pixels: save it as "
+                        "x.astype(numpy.uint8) (pixels) or x.astype(numpy.float32) (scaled inputs)")
     dtype = np.uint8 if array.dtype == np.uint8 else np.float32  # pixels stay pixels (the runner scales them)
 
     def batches() -> Iterator[np.ndarray]:

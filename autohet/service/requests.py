@@ -116,7 +116,8 @@ def parse_npy(body: bytes, shape: tuple[int, ...], model: str) -> np.ndarray:
         reason = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else type(exc).__name__
         raise BadRequest(400, f"the body is not an .npy file ({reason}); write it with numpy.save") from None
     if (dtype.kind, dtype.itemsize) not in (("f", 4), ("u", 1)):
-        raise BadRequest(400, f"the .npy holds {dtype}; {model} takes {want}: convert with x.astype(numpy.float32)")
+        raise BadRequest(400, f"the .npy holds {dtype}; {model} takes {want}: convert (pixels: x.astype(numpy.uint8); "
+                              "scaled inputs: x.astype(numpy.float32))")
     if len(dims) != len(shape) + 1 or tuple(dims[1:]) != tuple(shape):
         raise BadRequest(400, f"the .npy holds shape {tuple(dims)}; {model} takes {want}: resize and crop the "
                               "images to the model's input (or send them one by one as JPEG/PNG)")

@@ -126,7 +126,14 @@ class DataParallelServed(Served):
         from concurrent.futures import ThreadPoolExecutor
 
         if self.pool.overlaps_windows() and all(self.alive):  # one GPU: windows queued back to back
-            yield from self.pool.stream_windows(windows, lock or nullcontext())
+            try:
+                yield from self.pool.stream_windows(windows, lock or nullcontext())
+            except (UserError, GeneratorExit):
+                raise
+            except Exception as exc:  # the only executor failed: as the driver reports it
+                self.alive = [False]
+                self.deaths.append(f"executor {self.pool.names[0]} failed: {type(exc).__name__}: {exc}")
+                raise UserError(f"every executor died before the work was done: {self.deaths[-1]}") from exc
             return
         source = iter(windows)
 

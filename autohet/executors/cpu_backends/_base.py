@@ -54,6 +54,10 @@ class CpuProgram(ABC):
     def drop(self, handle: Any) -> None:  # noqa: B027
         """Forgets a launched call that will not be collected (its work not yet started is skipped)."""
 
+    def drain(self) -> None:  # noqa: B027
+        """Waits for work already running (dropped calls' started pieces): the next call starts on idle
+        streams."""
+
     def describe(self) -> dict[str, Any]:
         """What the backend actually runs (e.g. OpenVINO's effective precision and streams)."""
         return {}

@@ -154,6 +154,9 @@ class OpenVinoProgram(CpuProgram):
         self.pending = deque(p for p in self.pending if p[0] is not call)
         self.calls = [c for c in self.calls if c is not call]
 
+    def drain(self) -> None:
+        self.queue.wait_all()
+
     def run(self, x: np.ndarray, batch: int) -> np.ndarray:
         return self.collect(self.launch(x, batch))
 
