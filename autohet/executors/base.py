@@ -219,6 +219,10 @@ class Executor(ABC):
         """Waits for a unit started by ``launch``."""
         return handle
 
+    def ready(self, handle: Any) -> bool:
+        """Whether a launched unit is done (``collect`` would not wait); synchronous units are."""
+        return True
+
     def set_workload(self, workload: Workload) -> None:
         """Gives a loaded executor new images (a served call's) without rebuilding its model: later
         units index into them (called between runs). Executors that stage the workload elsewhere (a

@@ -173,6 +173,11 @@ class CpuExecutor(Executor):
         self._free_at = now
         return UnitResult(outputs, compute_s)
 
+    def ready(self, handle: Any) -> bool:
+        """A synchronous unit is; an asynchronous one once its pieces are done (pieces still waiting for
+        a request start only in ``collect``)."""
+        return isinstance(handle, UnitResult) or handle.handle.done.is_set()
+
     def drain(self) -> None:
         self._drop_ahead()
         self.program.drain()

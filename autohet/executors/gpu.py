@@ -341,6 +341,9 @@ class GpuExecutor(Executor):
     def run(self, start: int, size: int) -> UnitResult:
         return self.run_ahead(start, size, None)
 
+    def ready(self, handle: _Launched) -> bool:
+        return bool(handle.end.query())
+
     def drain(self) -> None:
         for handle in self._ahead.values():
             handle.end.synchronize()

@@ -161,7 +161,7 @@ class LocalPool(Pool):
         queued: calls from other threads run between windows. On the H200 box the in-process executor
         ran resnet18 at 71-74k img/s with each next unit queued ahead and 65k without
         (``bench/gpu_launch_probe.py``); a windowed stream without this ran 61-64k (BENCHMARKS 18)."""
-        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import ThreadPoolExecutor, wait
 
         ex, worker = self.executors[0], self.workers[0]
         source = iter(windows)
@@ -182,8 +182,14 @@ class LocalPool(Pool):
         with ThreadPoolExecutor(1, thread_name_prefix="autohet-stage") as stager:
             ahead = stager.submit(next_staged)
             while True:
-                while launched and not ahead.done():  # the source is slow: hand back what is done meanwhile
-                    yield collected()  # (a producer may wait for this window's outputs before the next)
+                # the next window is not here yet: a window the device has finished is handed back
+                # meanwhile (a producer may wait for its outputs before sending more); one still running
+                # is left queued, so a source that keeps up keeps the device busy
+                while launched and not ahead.done():
+                    if ex.ready(launched[0]):
+                        yield collected()
+                    else:
+                        wait([ahead], timeout=0.001)
                 if (current := ahead.result()) is None:
                     break
                 with lock:
