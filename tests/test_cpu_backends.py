@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from autohet.errors import UserError
-from autohet.executors import ExecutorSpec, make_executor
+from autohet.executors import ExecutorSpec, make_executor, runs_ahead
 from autohet.executors.compiled import check_backend, unsupported
 from autohet.models import ModelSpec, build_model
 from autohet.workload import Workload, WorkloadSpec
@@ -290,6 +290,6 @@ def test_the_dispatcher_names_the_next_unit_to_groups_that_queue_it():
     def spec(backend: str) -> ExecutorSpec:
         return ExecutorSpec("c", "cpu", (0,), batch=16, backend=backend)
 
-    assert spec("openvino").runs_ahead
-    assert not any(spec(b).runs_ahead for b in ("eager", "inductor", "onnxruntime"))
-    assert ExecutorSpec("g", "gpu", (0,), gpu=0).runs_ahead
+    assert runs_ahead(spec("openvino"))
+    assert not any(runs_ahead(spec(b)) for b in ("eager", "inductor", "onnxruntime"))
+    assert runs_ahead(ExecutorSpec("g", "gpu", (0,), gpu=0))

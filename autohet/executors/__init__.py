@@ -15,7 +15,22 @@ from autohet.executors.kinds import EXECUTOR_KINDS, ExecutorKind, executor_kind,
 from autohet.models import ModelSpec
 
 __all__ = ["BACKENDS", "EXECUTOR_KINDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor",
-           "ExecutorKind", "ExecutorSpec", "UnitResult", "executor_kind", "make_executor", "register_executor_kind"]
+           "ExecutorKind", "ExecutorSpec", "UnitResult", "executor_kind", "make_executor", "register_executor_kind",
+           "runs_ahead"]
+
+
+def runs_ahead(spec: ExecutorSpec) -> bool:
+    """Whether the executor queues its next unit behind the current one when told it
+    (``Executor.run_ahead``): a GPU, or a CPU group whose backend runs asynchronously (OpenVINO's infer
+    requests). The dispatcher names the next unit to these while the current one drains
+    (``Dispatcher.lookahead``). Here, not on the spec: the backends sit above the spec's module."""
+    if spec.uses_gpu:
+        return True
+    if not spec.is_cpu:
+        return False
+    from autohet.executors.cpu_backends import CPU_BACKENDS, cpu_backend
+
+    return spec.backend in CPU_BACKENDS and cpu_backend(spec.backend).asynchronous
 
 
 def make_executor(spec: ExecutorSpec, model: ModelSpec) -> Executor:

@@ -96,19 +96,6 @@ class ExecutorSpec:
         return self.kind_type.uses_gpu(self.needs_gpu)
 
     @property
-    def runs_ahead(self) -> bool:
-        """Queues its next unit behind the current one when told it (``Executor.run_ahead``): a GPU, or a
-        CPU group whose backend runs asynchronously (OpenVINO's infer requests). The dispatcher names the
-        next unit to these while the current one drains (``Dispatcher.lookahead``)."""
-        if self.uses_gpu:
-            return True
-        if not self.is_cpu:
-            return False
-        from autohet.executors.cpu_backends import CPU_BACKENDS, cpu_backend
-
-        return self.backend in CPU_BACKENDS and cpu_backend(self.backend).asynchronous
-
-    @property
     def pinned_cores(self) -> tuple[int, ...]:
         """The cores it occupies (Ray CPUs it claims): none for a simulated executor."""
         return self.kind_type.pinned_cores(self.cores)

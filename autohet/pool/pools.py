@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from autohet.errors import UserError
-from autohet.executors import Executor, ExecutorSpec, executor_kind, make_executor
+from autohet.executors import Executor, ExecutorSpec, executor_kind, make_executor, runs_ahead
 from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
@@ -376,7 +376,7 @@ class RayPool(Pool):
         # GPUs (and simulated ones, which exercise the same protocol) and asynchronous CPU groups
         # (OpenVINO) take their next unit early
         return RayDispatcher(self.names, self.actors, [e.max_unit_images for e in execs],
-                             lookahead=[e.runs_ahead for e in execs])
+                             lookahead=[runs_ahead(e) for e in execs])
 
     def set_workload(self, workload: Workload) -> list[int]:
         """The images through the object store once; each actor maps them (read-only, no copy)."""
