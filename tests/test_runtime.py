@@ -262,6 +262,26 @@ def test_a_ray_executor_that_dies_mid_call_loses_nothing(tmp_path, ray_local, ca
         assert np.array_equal(again[:, 0], np.arange(300, dtype=np.float32)) and len(runner.deaths) == 1
 
 
+def _stream_check(runner, x: np.ndarray, ref: np.ndarray) -> None:
+    """The checked call, then a stream of 2-image batches with a call from another thread mid-stream,
+    then a stream closed early (must not hang), then a call: every output the reference's (40 images)."""
+    runner(x[:2])  # the checked call
+    side: list[np.ndarray] = []
+    outs = []
+    for k, out in enumerate(runner.map([x[i : i + 2] for i in range(2, 34, 2)])):
+        outs.append(out)
+        if k == 3:  # mid-stream, from another thread: runs between two windows
+            t = threading.Thread(target=lambda: side.append(runner(x[34:37])))
+            t.start()
+            t.join(60)
+    close_to(np.concatenate(outs), ref[2:34])
+    close_to(side[0], ref[34:37])
+    early = runner.map([x[i : i + 2] for i in range(0, 40, 2)])
+    close_to(next(early), ref[:2])
+    early.close()  # must not hang on the stager waiting for a window
+    close_to(runner(x[37:40]), ref[37:40])
+
+
 def test_a_long_stream_is_staged_window_by_window_and_a_call_from_another_thread_runs_between(tmp_path,
                                                                                            monkeypatch):
     """After the checked first call, a stream's windows go through ``Served.stream``: each staged (on
@@ -281,22 +301,8 @@ def test_a_long_stream_is_staged_window_by_window_and_a_call_from_another_thread
     ref = reference("lenet", x)
     with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 3}), window=4) as runner:
         assert isinstance(runner.served, DataParallelServed)
-        runner(x[:2])  # the checked call
-        side: list[np.ndarray] = []
-        outs = []
-        for k, out in enumerate(runner.map([x[i : i + 2] for i in range(2, 34, 2)])):
-            outs.append(out)
-            if k == 3:  # mid-stream, from another thread: runs between two windows
-                t = threading.Thread(target=lambda: side.append(runner(x[34:37])))
-                t.start()
-                t.join(60)
-        close_to(np.concatenate(outs), ref[2:34])
-        close_to(side[0], ref[34:37])
+        _stream_check(runner, x, ref)
         assert len(staged_on) >= 7 and all(name.startswith("autohet-stage") for name in staged_on)
-        early = runner.map([x[i : i + 2] for i in range(0, 40, 2)])
-        close_to(next(early), ref[:2])
-        early.close()  # must not hang on the stager waiting for a window
-        close_to(runner(x[37:40]), ref[37:40])
 
 
 def test_a_single_config_starts_only_its_executor(tmp_path):
@@ -367,24 +373,6 @@ def test_a_pool_that_takes_pixels_gets_them_unscaled_and_scales_them_itself(tmp_
         assert set(seen) == {np.dtype(np.float32)}
 
 
-def _single_stream_check(runner, x: np.ndarray, ref: np.ndarray) -> None:
-    runner(x[:2])  # the checked call
-    side: list[np.ndarray] = []
-    outs = []
-    for k, out in enumerate(runner.map([x[i : i + 2] for i in range(2, 34, 2)])):
-        outs.append(out)
-        if k == 3:  # mid-stream, from another thread: runs between two windows
-            t = threading.Thread(target=lambda: side.append(runner(x[34:37])))
-            t.start()
-            t.join(60)
-    close_to(np.concatenate(outs), ref[2:34])
-    close_to(side[0], ref[34:37])
-    early = runner.map([x[i : i + 2] for i in range(0, 40, 2)])
-    close_to(next(early), ref[:2])
-    early.close()  # must not hang on the stager waiting for a window
-    close_to(runner(x[37:40]), ref[37:40])
-
-
 def test_a_window_is_handed_back_while_the_source_waits_for_it(tmp_path, monkeypatch):
     """A producer that sends its next batch only after it has the previous batch's outputs (a client
     answering its requests one by one) gets them: a window queued back to back is not held until the
@@ -431,7 +419,7 @@ def test_one_asynchronous_executor_streams_windows_back_to_back(tmp_path, monkey
     monkeypatch.setattr(LocalPool, "stream_windows", spy)
     x = np.random.default_rng(7).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
     with autohet.load(write(tmp_path, "lenet", "single", {"executor": 0}), window=4) as runner:
-        _single_stream_check(runner, x, reference("lenet", x))
+        _stream_check(runner, x, reference("lenet", x))
     assert used
 
 
@@ -447,4 +435,4 @@ def test_a_gpu_stream_of_windows_queued_back_to_back_returns_the_reference(tmp_p
     x = np.random.default_rng(8).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
     with autohet.load(path, window=6) as runner:
         assert runner.pool.overlaps_windows()
-        _single_stream_check(runner, x, reference("lenet", x))
+        _stream_check(runner, x, reference("lenet", x))
