@@ -168,6 +168,38 @@ def test_an_in_process_pool_pins_its_own_threads_not_the_caller(lenet_workload):
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
 
 
+def test_an_in_process_pool_loads_its_gpu_executors_before_the_others(lenet_workload, monkeypatch):
+    """A GPU's CUDA-graph capture beside a CPU backend's model export on another thread failed on the
+    H200 box: a GPU executor's load ends before any other executor's load begins."""
+    import threading
+    import time
+
+    from autohet.executors.sim import SimExecutor
+    from autohet.pool import PoolSpec
+
+    spans: dict[str, tuple[float, float]] = {}
+    lock = threading.Lock()
+    load = SimExecutor.load
+
+    def timed_load(self, workload):
+        start = time.perf_counter()
+        time.sleep(0.2 if self.spec.needs_gpu else 0.0)
+        load(self, workload)
+        with lock:
+            spans[self.spec.name] = (start, time.perf_counter())
+
+    monkeypatch.setattr(SimExecutor, "load", timed_load)
+    spec = PoolSpec("mixed", [ExecutorSpec("cpu0", "sim", (0,), speed_ips=10.0),
+                              ExecutorSpec("gpu0", "sim", (1,), needs_gpu=True, speed_ips=10.0),
+                              ExecutorSpec("cpu1", "sim", (1,), speed_ips=10.0)])
+    pool = LocalPool(spec)
+    try:
+        pool.start(ModelSpec("lenet"), lenet_workload)
+    finally:
+        pool.shutdown()
+    assert spans["gpu0"][1] <= min(spans["cpu0"][0], spans["cpu1"][0]), spans
+
+
 def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     """A CPU group's thread sets its team, then (before its first op) a GPU executor's thread sets
     one thread for its feeder core: the group still runs on its own team. torch stores the count

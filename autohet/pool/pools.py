@@ -15,6 +15,7 @@ from autohet.models import ModelSpec
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
 from autohet.pool.worker import Worker
+from autohet.ray_runtime import get_interruptibly, wait_interruptibly
 from autohet.workload import PixelScale, Workload
 
 __all__ = ["Identity", "LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
@@ -141,9 +142,15 @@ class LocalPool(Pool):
             for i, part in zip(members, sm_partitions(specs[0].gpu or 0, [e.sms for e in specs]), strict=True):
                 self.executors[i].stream_override = part.stream
         self.workers = [Worker(s.name) for s in self.spec.executors]
-        loads = [w.submit(lambda ex=ex: ex.load(workload)) for w, ex in zip(self.workers, self.executors, strict=True)]
-        for future in loads:
-            future.result()
+        # GPU executors load (and capture their CUDA graphs) before the others convert their models: on
+        # the H200 box a GPU's graph capture beside an ONNX Runtime group's export (torch.export, on
+        # another thread of this process) failed with cuDNN's FIND inside the capture, twice
+        for gpu_phase in (True, False):
+            loads = [w.submit(lambda ex=ex: ex.load(workload))
+                     for w, ex, s in zip(self.workers, self.executors, self.spec.executors, strict=True)
+                     if s.uses_gpu == gpu_phase]
+            for future in loads:
+                future.result()
         self.started_for = (model, workload.images)
         return sum(ex.describe().get("compile_s", 0.0) for ex in self.executors)
 
@@ -337,7 +344,7 @@ class RayPool(Pool):
                     fresh_names.append(spec.name)
         refs = [a.load.remote(self.workload_ref) for a in fresh]
         with user_errors():
-            _, pending = ray.wait(refs, num_returns=len(refs), timeout=ACTOR_START_TIMEOUT_S)
+            pending = wait_interruptibly(refs, ACTOR_START_TIMEOUT_S)
             if pending:
                 late = [n for n, r in zip(fresh_names, refs, strict=True) if r in pending]
                 raise UserError(f"executors {', '.join(late)} did not start within {ACTOR_START_TIMEOUT_S:.0f} s: "
@@ -395,32 +402,29 @@ class RayPool(Pool):
 
     def standalone_ips(self, min_seconds: float = 1.0, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
-        import ray
         from ray.exceptions import RayActorError
 
         out = []
         for actor in (self.actors if indices is None else [self.actors[i] for i in indices]):
             try:
-                out.append(float(ray.get(actor.standalone_ips.remote(min_seconds, max_images))))
+                out.append(float(get_interruptibly(actor.standalone_ips.remote(min_seconds, max_images))))
             except RayActorError:  # a dead executor has no standalone throughput
                 out.append(0.0)
         return out
 
     def _apply_config(self) -> list[dict[str, Any]]:
-        import ray
 
         from autohet.pool.ray_pool import user_errors
 
         if not self.actors:
             return []
         with user_errors():
-            return ray.get([a.configure.remote(s.executor_params())
-                            for a, s in zip(self.actors, self.spec.executors, strict=True)])
+            return get_interruptibly([a.configure.remote(s.executor_params())
+                                      for a, s in zip(self.actors, self.spec.executors, strict=True)])
 
     def replace(self, indices: list[int]) -> None:
         """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh
         ones with the same spec, workload and params (a partition's whole group)."""
-        import ray
 
         from autohet.pool.ray_pool import kill_actor
 
@@ -436,7 +440,7 @@ class RayPool(Pool):
         for i in indices:
             if i not in fresh:
                 fresh[i] = self._new_actor(self.spec.executors[i], self.started_for[0], f"-r{self.replaced}")
-        ray.get([fresh[i].load.remote(self.workload_ref) for i in fresh])
+        get_interruptibly([fresh[i].load.remote(self.workload_ref) for i in fresh])
         for i, actor in fresh.items():
             self.actors[i] = actor
 

@@ -26,6 +26,7 @@ from autohet.models import ModelSpec
 from autohet.objectives import ObjectiveSet
 from autohet.pool import PoolSpec
 from autohet.pool.spec import POOL_DIMS
+from autohet.ray_runtime import get_interruptibly
 from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.settings import TuneSettings
@@ -95,11 +96,9 @@ _SIZED_BANK = 1 << 30
 
 def _sizing(manager: Any, settings: TuneSettings, classes: int) -> Any:
     """How throughput trials are sized: from the base pool's summed standalone throughput, measured now."""
-    import ray
-
     from autohet.tuning.trainable import MAX_OUTPUT_BYTES, TrialSizing
 
-    limit = float(ray.get(manager.calibrate.remote(settings.standalone_seconds)))
+    limit = float(get_interruptibly(manager.calibrate.remote(settings.standalone_seconds)))
     cap = int(settings.max_images) if settings.max_images != "auto" else MAX_OUTPUT_BYTES // (4 * max(1, classes))
     timeout = None if settings.trial_timeout_s == "auto" else float(settings.trial_timeout_s)
     return TrialSizing(float(settings.target_trial_seconds), int(settings.min_images), max(cap, 1), limit, timeout)
@@ -246,8 +245,6 @@ def _size_trials(model: ModelSpec, settings: TuneSettings, pool: _TunePool, stat
     """The trials' images and timeout: latency trials run ``latency_runs`` requests, throughput trials
     are sized from the pool's measured speed (``images: auto``) or run the given count; a resume
     (``state``) keeps the images of the first run."""
-    import ray
-
     per_request = settings.objectives.mode.per_request
     limit: float | None = None
     sizing = None
@@ -264,7 +261,7 @@ def _size_trials(model: ModelSpec, settings: TuneSettings, pool: _TunePool, stat
     if state is not None:
         images = int(state["images"])
     if limit is None and settings.trial_timeout_s == "auto" and not per_request:
-        limit = float(ray.get(pool.manager.calibrate.remote(settings.standalone_seconds)))
+        limit = float(get_interruptibly(pool.manager.calibrate.remote(settings.standalone_seconds)))
     return _TrialPlan(images, sizing, settings.trial_timeout(images, limit or 0.0))
 
 
