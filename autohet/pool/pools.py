@@ -413,7 +413,6 @@ class RayPool(Pool):
         return out
 
     def _apply_config(self) -> list[dict[str, Any]]:
-
         from autohet.pool.ray_pool import user_errors
 
         if not self.actors:
@@ -425,7 +424,6 @@ class RayPool(Pool):
     def replace(self, indices: list[int]) -> None:
         """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh
         ones with the same spec, workload and params (a partition's whole group)."""
-
         from autohet.pool.ray_pool import kill_actor
 
         self.replaced = getattr(self, "replaced", 0) + 1
