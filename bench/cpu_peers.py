@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -245,7 +246,7 @@ def main() -> None:
     parser.add_argument("--rerun-s", type=float, default=20.0,
                         help="the tuned config's rerun: as many images as the best peer runs in this many seconds")
     parser.add_argument("--no-tune", action="store_true", help="peers only")
-    parser.add_argument("--work", help="folder for the tunes (default: a temporary one)")
+    parser.add_argument("--work", help="folder for the tunes (default: a temporary one, removed at the end)")
     parser.add_argument("--trials", type=int, help="end autohet's tune after this many trials (default: its budget)")
     parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 2-trial tune")
     parser.add_argument("--ab-rounds", type=int, default=3,
@@ -298,6 +299,8 @@ def main() -> None:
                              "best_peer", "best_peer_ips", "autohet_ips", "autohet_over_best_peer", "autohet_strategy",
                              "ab_ratio_median"],
          args.out)
+    if not args.work:  # a run that ended in an error keeps its folder (the tunes' logs) for a look
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

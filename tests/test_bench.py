@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,8 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
                                            and k != "best_peer_ips")
         assert row["autohet_ips"] > 0 and row["autohet_over_best_peer"] == row["autohet_ips"] / row["best_peer_ips"]
         assert len(row["ab_ratios"]) == 1 and row["ab_ratio_median"] == row["ab_autohet"][0] / row["ab_peer"][0]
+        work = proc.stdout.split("; work ", 1)[1].split()[0]  # its temporary folder, removed at the end
+        assert work.startswith(tempfile.gettempdir()) and not Path(work).exists(), work
     if bench == "serve_load":  # the service under load, one replica killed at 1 s: nothing lost, SIGTERM 143
         row = rows[0]
         assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"], row
