@@ -19,11 +19,14 @@ One run, one command:
    is measured;
 5. SIGTERM to the service: its exit code (143) and how long it took.
 
-Prints req/s, img/s, p50/p90/p99 latency of the answered requests, 503s, lost requests, the images
-each replica ran, and served / offline img/s.
+Prints req/s, img/s, request bodies' MB/s, p50/p90/p99 latency of the answered requests, 503s, lost
+requests, the images each replica ran, served / offline img/s, and the clients' own CPU time in cores
+(near ``--client-procs``: the clients bound the figures, not the service).
 
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 64 --pixels --seconds 30
+    python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --client-procs 4 --npy-batch 64 \
+        --pixels --ingress-procs 6 --seconds 30
     python -m bench.serve_load --config runs/resnet18-latency/best.yaml --clients 1 --jpeg --seconds 20
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 40 \\
         --kill-replica-after 15
@@ -73,6 +76,13 @@ class Tally:
     rejected: int = 0  # 503 answers (each retried)
     lost: list[str] = field(default_factory=list)
     wrong: int = 0
+
+    def add(self, other: Tally) -> None:
+        self.latencies += other.latencies
+        self.answered += other.answered
+        self.rejected += other.rejected
+        self.lost += other.lost
+        self.wrong += other.wrong
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -229,6 +239,45 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
     return tally, wall, fault
 
 
+def _load_child(conn: Any, url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> None:
+    cpu = time.process_time()
+    tally, wall, fault = asyncio.run(load(url, bodies, args, tolerance))
+    conn.send((tally, wall, fault, time.process_time() - cpu))
+    conn.close()
+
+
+def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
+                    tolerance: float) -> tuple[Tally, float, dict, float]:
+    """``load`` in ``--client-procs`` processes (forked: they share the bodies), the clients shared
+    between them, the fault in the first: (tally, wall seconds, fault, the clients' CPU seconds)."""
+    import multiprocessing
+
+    if args.client_procs == 1:
+        cpu = time.process_time()
+        tally, wall, fault = asyncio.run(load(url, bodies, args, tolerance))
+        return tally, wall, fault, time.process_time() - cpu
+    context = multiprocessing.get_context("fork")  # the children run numpy and aiohttp only, no CUDA
+    children = []
+    for p in range(args.client_procs):
+        share = args.clients // args.client_procs + (p < args.clients % args.client_procs)
+        child_args = argparse.Namespace(**{**vars(args), "clients": share,
+                                           "kill_replica_after": args.kill_replica_after if p == 0 else None})
+        parent, child = context.Pipe(duplex=False)
+        proc = context.Process(target=_load_child, args=(child, url, bodies, child_args, tolerance), daemon=True)
+        proc.start()
+        children.append((proc, parent))
+    tally, walls, fault, cpu = Tally(), [], {}, 0.0
+    for p, (proc, conn) in enumerate(children):
+        part, wall, part_fault, part_cpu = conn.recv()
+        proc.join()
+        tally.add(part)
+        walls.append(wall)
+        cpu += part_cpu
+        if p == 0:
+            fault = part_fault
+    return tally, max(walls), fault, cpu
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -242,6 +291,8 @@ def start_service(path: str, port: int, args: argparse.Namespace, body_bytes: in
                "--max-queue", str(args.max_queue or max(16, 2 * args.clients)),
                "--max-body-mb", str(max(32.0, 2 * body_bytes / 2**20)), "--batch-wait-ms", str(args.batch_wait_ms),
                "--request-timeout-s", str(args.request_timeout_s)]
+    if args.ingress_procs:
+        command += ["--ingress-procs", str(args.ingress_procs)]
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lines = []
@@ -289,6 +340,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients, one request in flight each")
+    parser.add_argument("--client-procs", type=int, default=1,
+                        help="processes the clients are shared between (one asyncio process sends ~1-2 GB/s)")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients send")
     parser.add_argument("--npy-batch", type=int, default=1, help="images per .npy request (default 1)")
     parser.add_argument("--pixels", action="store_true",
@@ -304,6 +357,7 @@ def main() -> None:
     parser.add_argument("--latency-calls", type=int, default=200, help="batch-1 calls of the offline p50 (latency)")
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="autohet serve --batch-wait-ms")
     parser.add_argument("--max-queue", type=int, help="autohet serve --max-queue (default: 2 x clients, >= 16)")
+    parser.add_argument("--ingress-procs", type=int, help="autohet serve --ingress-procs (default: the service's)")
     parser.add_argument("--retry-cap-s", type=float, default=0.2, help="longest wait before retrying a 503")
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--start-timeout-s", type=float, default=900.0, help="longest wait for the service")
@@ -313,12 +367,14 @@ def main() -> None:
     parser.add_argument("--out", help="write the row as JSON")
     args = parser.parse_args()
     if args.smoke:
-        args.clients, args.seconds, args.npy_batch, args.offline_images = 4, 4.0, 16, 2000
+        args.clients, args.client_procs, args.seconds, args.npy_batch, args.offline_images = 4, 2, 4.0, 16, 2000
         if args.kill_replica_after is None:
             args.kill_replica_after = 1.0
-    for name in ("clients", "npy_batch", "distinct"):
+    for name in ("clients", "client_procs", "npy_batch", "distinct"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.client_procs > args.clients:
+        parser.error(f"--client-procs {args.client_procs} is more than --clients {args.clients}")
     with tempfile.TemporaryDirectory() as tmp:
         path = smoke_config(Path(tmp)) if args.smoke else args.config
         if not path:
@@ -328,7 +384,8 @@ def main() -> None:
         port = args.port or free_port()
         proc, ready = start_service(path, port, args, max(len(d) for d in bodies.data))
         try:
-            tally, wall, fault = asyncio.run(load(f"http://127.0.0.1:{port}", bodies, args, figures["tolerance"]))
+            # cpu near 1 core a client process: the clients bound the figures, not the service
+            tally, wall, fault, cpu = load_everywhere(f"http://127.0.0.1:{port}", bodies, args, figures["tolerance"])
         finally:
             code, stop_s, last = stop_service(proc) if proc.poll() is None else (proc.returncode, 0.0, "")
     images = tally.answered * bodies.images
@@ -337,6 +394,8 @@ def main() -> None:
         "request": "jpeg" if args.jpeg else f"npy{args.npy_batch}{'-uint8' if args.pixels else ''}",
         "clients": args.clients,
         "seconds": round(wall, 2), "answered": tally.answered, "req_s": tally.answered / wall, "img_s": images / wall,
+        "body_mb_s": tally.answered * float(np.mean([len(d) for d in bodies.data])) / wall / 1e6,
+        "client_cores": cpu / wall, "client_procs": args.client_procs,
         "p50_ms": percentile_ms(tally.latencies, 50), "p90_ms": percentile_ms(tally.latencies, 90),
         "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),
         "wrong": tally.wrong, "lost_examples": tally.lost[:5], **fault, "exit_code": code, "exit_s": round(stop_s, 2),
@@ -346,7 +405,8 @@ def main() -> None:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
     else:
         row.update(offline_p50_ms=figures["offline_p50_ms"])
-    columns = ["model", "strategy", "request", "clients", "req_s", "img_s", "offline_ips", "served_over_offline",
+    columns = ["model", "strategy", "request", "clients", "req_s", "img_s", "body_mb_s", "client_cores", "offline_ips",
+               "served_over_offline",
                "offline_p50_ms", "p50_ms", "p90_ms", "p99_ms", "rejected_503", "lost", "killed", "recovered_s",
                "exit_code"]
     emit("serve_load", [row], [c for c in columns if c in row], args.out)

@@ -48,5 +48,5 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert work.startswith(tempfile.gettempdir()) and not Path(work).exists(), work
     if bench == "serve_load":  # the service under load, one replica killed at 1 s: nothing lost, SIGTERM 143
         row = rows[0]
-        assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"], row
+        assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"] and row["client_procs"] == 2, row
         assert (row["lost"], row["wrong"], row["exit_code"]) == (0, 0, 143), row

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from autohet.config import RunConfig, write_config
@@ -41,7 +42,7 @@ from autohet.service.requests import (
     predict_body,
 )
 from autohet.service.routing import share
-from autohet.service.server import ServiceOptions, check_port_free
+from autohet.service.server import ServiceOptions, check_port_free, ingress_count
 
 REPO = Path(__file__).resolve().parents[1]
 LENET = (1, 28, 28)
@@ -199,7 +200,8 @@ def test_the_plan_keeps_gpu_partitions_together_and_refuses_what_it_cannot_place
 def test_bad_options_and_a_port_in_use_are_one_line():
     for kwargs, flag in [({"port": 0}, "--port"), ({"max_queue": 0}, "--max-queue"), ({"batch_wait_ms": -1},
                          "--batch-wait-ms"), ({"max_body_mb": 0}, "--max-body-mb"), ({"drain_s": -2}, "--drain-s"),
-                         ({"metrics_port": 70000}, "--metrics-port")]:
+                         ({"metrics_port": 70000}, "--metrics-port"), ({"ingress_procs": 0}, "--ingress-procs"),
+                         ({"ingress_procs": 17}, "--ingress-procs")]:
         with pytest.raises(UserError, match=re.escape(flag)):
             ServiceOptions("c.yaml", **kwargs).check()
     with socket.socket() as busy:
@@ -210,6 +212,9 @@ def test_bad_options_and_a_port_in_use_are_one_line():
             check_port_free("127.0.0.1", port, "--port")
     with pytest.raises(UserError, match="an address of this machine"):
         check_port_free("203.0.113.7", 8000, "--port")  # TEST-NET-3: no machine's own address
+    # ingress processes: one per two free cores, 1 to 8, unless asked
+    assert [ingress_count(free, None) for free in (0, 1, 3, 15, 40)] == [1, 1, 1, 7, 8]
+    assert ingress_count(15, 2) == 2
 
 
 # --- the command, over real HTTP ----------------------------------------------------------------------
@@ -283,8 +288,8 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
     config = config_of(tmp_path, load_pool("actors/cpu2.yaml"), "fast_split", {"w_s": 2, "threshold": 2})
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(serve_command(config, port, "--max-queue", "1", "--max-body-mb", "1"), cwd=tmp_path,
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    command = serve_command(config, port, "--max-queue", "1", "--max-body-mb", "1", "--ingress-procs", "2")
+    proc = subprocess.Popen(command, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         # bounded: a service that never says it is ready is killed, its pipe closes and the assertion says so
@@ -297,9 +302,17 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
         assert "2 replicas: exec-cpu0 on cpu[0]" in ready[1], \
             ["not ready within 300 s (killed)" if proc.poll() is not None else "", *ready, proc.stderr.read()[-3000:]]
         assert f"at http://127.0.0.1:{port}: POST /v1/predict" in ready[0]
+        assert "at most 2 requests in flight (each of 2 ingress processes at most 1)" in ready[0]
         status, _, body = http(url + "/healthz")
         health = json.loads(body)
         assert status == 200 and health["ready"] and all(r["checked"] for r in health["replicas"])
+        # both ingress processes listen on the port themselves (no proxy in front); the kernel shares the
+        # connections (each urllib call is a new one): 24 all on one of two processes is a 2**-23 chance
+        pids = {json.loads(http(url + "/healthz")[2])["ingress"]["pid"] for _ in range(24)}
+        assert len(pids) == 2, pids
+        for pid in pids:
+            listening = [c for c in psutil.Process(pid).net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
+            assert port in [c.laddr.port for c in listening], listening
 
         # good requests: an image's top 5 as the reference model's, an .npy batch as autohet.load's
         prep = preprocessing_for(LENET, None, "test")
@@ -435,7 +448,8 @@ def test_a_chunk_whose_replica_dies_is_cut_again_for_the_others_and_nothing_is_l
     from autohet.service.app import Ingress, IngressSettings
 
     gpu, cpu = FakeReplica("exec-gpu", 8, 1000.0, dies=1), FakeReplica("exec-cpu", 2, 10.0)
-    settings = IngressSettings("lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20, frozenset())
+    settings = IngressSettings("127.0.0.1", 0, "lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20,
+                               frozenset(), 1, 60.0)
     ingress = Ingress(settings, **{"exec-gpu": gpu, "exec-cpu": cpu})
     x = np.random.default_rng(0).standard_normal((8, *LENET), dtype=np.float32)
 
@@ -451,3 +465,37 @@ def test_a_chunk_whose_replica_dies_is_cut_again_for_the_others_and_nothing_is_l
     alone = Ingress(settings, only=FakeReplica("only", 4, 1.0, dies=2))
     assert asyncio.run(alone._run(x)).shape == (8, 1)  # with no other, its successor gets the chunks
     assert alone.handles[0].calls == [4, 4, 4, 4]
+
+
+def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_queue():
+    """The ingress's own HTTP path (its listener's application): a replica that does not answer within
+    ``request_timeout_s`` gives a 408 with a one-line reason, and the request no longer counts in flight."""
+    import asyncio
+
+    from autohet.service.app import Ingress, IngressSettings
+
+    class Stuck(FakeReplica):
+        async def _infer(self, images: np.ndarray) -> np.ndarray:
+            await asyncio.sleep(30)
+            raise AssertionError("never answered")
+
+    settings = IngressSettings("127.0.0.1", 0, "lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20,
+                               frozenset(), 1, 0.3)
+    ingress = Ingress(settings, only=Stuck("only", 4, 1.0))
+    body = npy(np.zeros((2, *LENET), np.float32))
+    scope = {"type": "http", "method": "POST", "path": "/v1/predict", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/x-npy"), (b"content-length", str(len(body)).encode())]}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    started = time.perf_counter()
+    asyncio.run(ingress._asgi(scope, receive, send))
+    assert sent[0]["status"] == 408 and time.perf_counter() - started < 10
+    reason = json.loads(sent[1]["body"])["error"]
+    assert "--request-timeout-s" in reason and len(reason.splitlines()) == 1
+    assert ingress.in_flight == 0

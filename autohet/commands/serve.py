@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="on SIGINT/SIGTERM, seconds to wait for admitted requests (default 10)")
     p.add_argument("--request-timeout-s", type=float, default=60.0,
                    help="a request not answered within this gets 408 (default 60)")
+    p.add_argument("--ingress-procs", type=int,
+                   help="processes reading requests on the port (default: one per two cores the config leaves "
+                        "free, 1-8); --max-queue is shared between them")
     p.add_argument("--metrics-port", type=int,
                    help="port of Ray's Prometheus metrics on this node (default: Ray's choice, printed at start)")
     p.set_defaults(func=main)
@@ -44,7 +47,7 @@ def main(args: argparse.Namespace) -> int:
     service = Service(ServiceOptions(
         config=args.config, host=args.host, port=args.port, address=args.address, batch_wait_ms=args.batch_wait_ms,
         max_queue=args.max_queue, max_body_mb=args.max_body_mb, drain_s=args.drain_s,
-        request_timeout_s=args.request_timeout_s, metrics_port=args.metrics_port))
+        request_timeout_s=args.request_timeout_s, metrics_port=args.metrics_port, ingress_procs=args.ingress_procs))
     try:
         try:
             service.start()

@@ -1,17 +1,23 @@
-"""The Ray Serve application of ``autohet serve``: an ingress and one deployment per replica.
+"""The Ray Serve application of ``autohet serve``: ingress processes, one deployment per replica, and a
+control deployment for the driver.
 
 - ``Replica``: one runner (``autohet.load`` of what ``plan.replica_load`` says), loaded, checked
   against the fp32 reference and warmed in its constructor (Serve routes to it only after that);
   requests batched by image count up to the runner's batch (``@serve.batch``), or on the batch-1
   path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
   (``num_gpus``, the pool file's GPU index used as given) and node (a label selector).
-- ``Ingress``: HTTP in, answers out. Admission first (past ``max_queue`` requests in flight: 503
+- ``Ingress``: HTTP in, answers out. Each ingress process listens on the service's port itself
+  (``listener``: SO_REUSEPORT, the kernel shares connections between the processes), so that bodies
+  are read by as many processes as the config leaves cores for, not through Serve's one HTTP proxy.
+  Admission first (past ``max_queue`` requests in flight: 503
   with Retry-After), then the body (413 past its limit); a refused request's body is read and dropped
   (up to twice the limit) before the answer, so a client still sending gets the answer and not a
   broken pipe (seen in CI: a 1.2 MB body refused on its Content-Length). Decoding on the cores
   the config leaves free (``runtime.images.Decoders``), images shared between replicas by speed
   (``routing.share``). A chunk whose replica dies mid-request is sent again to another replica (or
   to the one Serve starts in its place): an admitted request is answered or refused, never lost.
+- ``Control``: the application's root, with no route: the driver's one handle on every ingress
+  (drain, requests in flight, replicas).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from ray import serve
 from autohet.config import RunConfig
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
+from autohet.service.listener import Listener, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
 
@@ -110,15 +117,20 @@ def _speed(runner: Any, sample: np.ndarray, seconds: float) -> float:
 
 @dataclass(frozen=True)
 class IngressSettings:
-    """What the ingress needs besides its replicas: the model's input and preprocessing, its limits,
-    the CPU cores the config's devices pin on its node (decoding runs on the others)."""
+    """What an ingress process needs besides its replicas: where it listens, the model's input and
+    preprocessing, its limits (``max_queue``: this process's share of the service's), the CPU cores
+    the config's devices pin on its node (decoding runs on the others, ``decoders`` processes of them)."""
 
+    host: str
+    port: int
     model: str
     input_shape: tuple[int, ...]
     prep: Preprocessing
     max_queue: int
     max_body: int
     busy_cores: frozenset[int]
+    decoders: int
+    request_timeout_s: float
 
 
 class NoReplica(Exception):
@@ -146,7 +158,7 @@ class Ingress:
         self.classes = 0
         self.in_flight = 0
         self.draining = False
-        self.decoders = Decoders(settings.busy_cores)
+        self.decoders = Decoders(settings.busy_cores, settings.decoders)
         self.learned = asyncio.Lock()
         self.images_metric = Counter("autohet_serve_images", "images answered, by the replica (deployment) that ran "
                                      "them", tag_keys=("target",))
@@ -170,6 +182,19 @@ class Ingress:
 
     # --- HTTP ----------------------------------------------------------------------------------------
 
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The listener's application: one request, answered within ``request_timeout_s`` or 408."""
+        from starlette.requests import Request
+
+        if scope["type"] != "http":
+            return
+        limit = self.settings.request_timeout_s
+        try:
+            response = await asyncio.wait_for(self(Request(scope, receive)), limit)
+        except TimeoutError:
+            response = _json({"error": f"not answered within {limit:g} s (autohet serve --request-timeout-s)"}, 408)
+        await response(scope, receive, send)
+
     async def __call__(self, request: Any) -> Any:
         try:
             route = rq.check_route(request.method, request.url.path)
@@ -186,7 +211,7 @@ class Ingress:
             infos = await asyncio.wait_for(self.replicas(), INFO_TIMEOUT_S)
         except Exception as exc:  # a replica still starting (or restarting) does not answer in time
             return _busy(f"not ready: a replica did not answer within {INFO_TIMEOUT_S:g} s ({type(exc).__name__})")
-        return _json({"ready": True, "replicas": infos,
+        return _json({"ready": True, "replicas": infos, "ingress": {"pid": os.getpid()},
                       "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
 
     async def _predict(self, request: Any) -> Any:
@@ -329,11 +354,43 @@ def _last_line(exc: BaseException) -> str:
     return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
-def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSettings, batch_wait_s: float,
-              driver_node: str) -> Any:
-    """The application to ``serve.run``: the ingress on the driver's node, bound to every replica."""
-    from ray.serve.config import BackpressureConfig
+class ListeningIngress(Ingress):
+    """The deployed ingress: an ``Ingress`` that listens on the service's port from its constructor (a
+    process Serve starts again after a crash listens again)."""
 
+    def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
+        super().__init__(settings, **replicas)
+        self.listener = Listener(self._asgi, bind_shared(settings.host, settings.port))
+
+    def __del__(self) -> None:
+        listener = getattr(self, "listener", None)
+        if listener is not None:
+            listener.stop()
+
+
+class Control:
+    """The application's root (no HTTP route): the driver's one handle on every ingress process."""
+
+    def __init__(self, *ingresses: Any) -> None:
+        self.ingresses = ingresses
+
+    async def begin_drain(self) -> None:
+        await asyncio.gather(*(i.begin_drain.remote() for i in self.ingresses))
+
+    async def requests_in_flight(self) -> int:
+        return sum(await asyncio.gather(*(i.requests_in_flight.remote() for i in self.ingresses)))
+
+    async def replicas(self) -> list[dict[str, Any]]:
+        """Every replica's ``info``, with the images every ingress routed to it."""
+        seen = await asyncio.gather(*(i.replicas.remote() for i in self.ingresses))
+        return [{**infos[0], "images_routed": sum(i["images_routed"] for i in infos)}
+                for infos in zip(*seen, strict=True)]
+
+
+def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSettings, ingresses: int,
+              batch_wait_s: float, driver_node: str) -> Any:
+    """The application to ``serve.run``: ``ingresses`` ingress processes on the driver's node, each bound
+    to every replica, under one ``Control``."""
     from autohet.pool.ray_pool import ray_node_id
 
     replica = serve.deployment(Replica)
@@ -345,15 +402,14 @@ def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSett
             options["label_selector"] = {"ray.io/node-id": ray_node_id(spec.node)}
         bound[spec.name] = replica.options(
             name=spec.name, num_replicas=1, ray_actor_options=options,
-            # admission is the ingress's: this only has to hold a batch being gathered beside one running
-            max_ongoing_requests=max(64, 4 * settings.max_queue), max_constructor_retry_count=1,
+            # admission is the ingresses': this only has to hold a batch being gathered beside one running
+            max_ongoing_requests=max(64, 4 * settings.max_queue * ingresses), max_constructor_retry_count=1,
             health_check_timeout_s=30.0, graceful_shutdown_timeout_s=5.0,
         ).bind(spec, config, batch_wait_s, 1.0)
-    limit = settings.max_queue + 64  # the ingress sees every request and refuses past max_queue itself
-    ingress = serve.deployment(Ingress).options(
-        name="ingress", num_replicas=1, max_ongoing_requests=limit, max_queued_requests=limit,
-        backpressure_config=BackpressureConfig(status_code=503, retry_after_s=RETRY_AFTER_S),
-        ray_actor_options={"num_cpus": 0, "label_selector": {"ray.io/node-id": driver_node},
-                           "runtime_env": {"env_vars": ONE_LOOP}},
-        graceful_shutdown_timeout_s=5.0)
-    return ingress.bind(settings, **bound)
+    on_driver = {"num_cpus": 0, "label_selector": {"ray.io/node-id": driver_node},
+                 "runtime_env": {"env_vars": ONE_LOOP}}
+    ingress = serve.deployment(ListeningIngress)
+    fronts = [ingress.options(name=f"ingress-{k}", num_replicas=1, max_ongoing_requests=64,
+                              ray_actor_options=on_driver, graceful_shutdown_timeout_s=5.0).bind(settings, **bound)
+              for k in range(ingresses)]
+    return serve.deployment(Control).options(name="control", num_replicas=1, ray_actor_options=on_driver).bind(*fronts)

@@ -1,8 +1,9 @@
 """Starting, draining and stopping the service (the driver's side of ``autohet serve``).
 
 ``Service.start`` checks everything it can before Ray starts (the config, the port), starts or joins
-Ray, starts Serve with one HTTP proxy on the head node bound to ``host:port``, and deploys the
-application; it returns once every replica has loaded, been checked and warmed. ``drain`` refuses
+Ray, starts Serve without its HTTP proxy and deploys the application: ingress processes that each
+listen on ``host:port`` themselves (``listener``); it returns once every replica has loaded, been
+checked and warmed. ``drain`` refuses
 new requests (503 with Retry-After) and waits for the admitted ones; ``close`` stops Serve (and the
 Ray it started). Serve's own shutdown does not drain (it drops requests in flight), hence ``drain``.
 """
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["APP_NAME", "Service", "ServiceOptions"]
 
 APP_NAME = "autohet"
+MAX_INGRESS = 16
 _QUIET = {"log_level": "WARNING", "enable_access_log": False}
 
 
@@ -43,6 +45,7 @@ class ServiceOptions:
     drain_s: float = 10.0
     request_timeout_s: float = 60.0
     metrics_port: int | None = None
+    ingress_procs: int | None = None  # None: by the cores the config leaves free (``ingress_count``)
 
     def check(self) -> None:
         for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
@@ -57,10 +60,19 @@ class ServiceOptions:
                 raise UserError(f"{flag} must be positive, got {value:g}")
         if self.drain_s < 0:
             raise UserError(f"--drain-s must be 0 or more seconds, got {self.drain_s:g}")
+        if self.ingress_procs is not None and not 1 <= self.ingress_procs <= MAX_INGRESS:
+            raise UserError(f"--ingress-procs must be between 1 and {MAX_INGRESS}, got {self.ingress_procs}")
 
     @property
     def max_body(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
+
+
+def ingress_count(free_cores: int, asked: int | None) -> int:
+    """Ingress processes: ``asked``, or one per two cores the config's devices leave free on the driver's
+    node, 1 to 8 (each reads and parses its requests' bodies; the decoders and the clients of a
+    benchmark on the same machine want cores too)."""
+    return asked if asked is not None else max(1, min(8, free_cores // 2))
 
 
 def check_port_free(host: str, port: int, flag: str) -> None:
@@ -89,6 +101,8 @@ class Service:
         self.config: RunConfig | None = None
         self.ingress: Any = None
         self.replicas: list[dict[str, Any]] = []
+        self.ingresses = 0
+        self.queue_share = 0
         self.metrics_url: str | None = None
         self._owns_ray = False
         self._serve_started = False
@@ -130,17 +144,20 @@ class Service:
             raise UserError("Ray Serve already runs on this Ray cluster (its own host, port and applications); "
                             "autohet serve starts and stops its own: use a cluster without Serve, or no --address")
         self._serve_started = True
-        serve.start(proxy_location="HeadOnly", logging_config=_QUIET,
-                    http_options={"host": opts.host, "port": opts.port, "request_timeout_s": opts.request_timeout_s})
+        serve.start(proxy_location="Disabled", logging_config=_QUIET)  # the ingresses listen themselves
         from autohet.service.app import IngressSettings, build_app
 
         driver_node = ray.get_runtime_context().get_node_id()
         busy = frozenset(c for spec in specs for i in spec.executors if config.pool.executors[i].node is None
                          for c in config.pool.executors[i].cores)
-        settings = IngressSettings(config.model.name, shape, prep, opts.max_queue, opts.max_body, busy)
-        app = build_app(config, specs, settings, opts.batch_wait_ms / 1000.0, driver_node)
+        free = len(set(range(_driver_cpus(driver_node))) - busy)
+        self.ingresses = ingress_count(free, opts.ingress_procs)
+        self.queue_share = max(1, opts.max_queue // self.ingresses)
+        settings = IngressSettings(opts.host, opts.port, config.model.name, shape, prep, self.queue_share,
+                                   opts.max_body, busy, max(1, free // self.ingresses), opts.request_timeout_s)
+        app = build_app(config, specs, settings, self.ingresses, opts.batch_wait_ms / 1000.0, driver_node)
         try:
-            self.ingress = serve.run(app, name=APP_NAME, route_prefix="/", logging_config=_QUIET)
+            self.ingress = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=_QUIET)
         except RuntimeError as exc:
             raise UserError(f"{where} cannot be served: {_deploy_failure(exc)}") from None
         self.replicas = self.ingress.replicas.remote().result(timeout_s=120)
@@ -184,9 +201,11 @@ class Service:
         """The lines ``autohet serve`` prints once ready."""
         assert self.config is not None
         opts, cfg = self.options, self.config
+        n, each = self.ingresses, self.queue_share
+        share = "" if n == 1 else f" (each of {n} ingress processes at most {each})"
         lines = [f"autohet: serving {opts.config} ({cfg.model.name}, {cfg.strategy}, {cfg.objective}) at {self.url}: "
-                 f"POST /v1/predict, GET /healthz; at most {opts.max_queue} requests in flight (503 past them), "
-                 f"bodies up to {opts.max_body_mb:g} MB"]
+                 f"POST /v1/predict, GET /healthz; at most {n * each} requests in flight"
+                 f"{share} (503 past them), bodies up to {opts.max_body_mb:g} MB"]
         parts = []
         for r in self.replicas:
             served = r["served"]
@@ -221,6 +240,16 @@ def check_resources(specs: list[ReplicaSpec], where: str) -> None:
         if need > total.get(kind, 0):
             raise UserError(f"{where}: its replicas need {need} {kind}s together and the Ray cluster has "
                             f"{int(total.get(kind, 0))}: serve the config where it was tuned")
+
+
+def _driver_cpus(node_id: str) -> int:
+    """CPUs of the driver's node as Ray counts them (the ingresses and decoders run there)."""
+    import ray
+
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return int(node["Resources"].get("CPU", 0))
+    return 0
 
 
 def _capacities(nodes: list[dict[str, Any]]) -> str:
