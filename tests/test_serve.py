@@ -499,3 +499,46 @@ def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_que
     reason = json.loads(sent[1]["body"])["error"]
     assert "--request-timeout-s" in reason and len(reason.splitlines()) == 1
     assert ingress.in_flight == 0
+
+
+class MapRunner:
+    """``runner.map`` without devices: each batch's row sums, in order; a batch holding a NaN fails
+    the stream (as a device error would); ``runs`` counts the streams started."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def map(self, batches):
+        self.runs += 1
+        for b in batches:
+            if np.isnan(b).any():
+                raise ValueError("a NaN reached the device")
+            yield b.reshape(len(b), -1).sum(axis=1, keepdims=True)
+
+
+def test_a_request_stream_answers_each_request_in_order_and_survives_a_failed_run():
+    import asyncio
+
+    from autohet.service.stream import RequestStream
+
+    runner = MapRunner()
+    stream = RequestStream(runner)
+    rng = np.random.default_rng(5)
+    xs = [rng.standard_normal((n, 3), dtype=np.float32) for n in (1, 7, 64, 3)]
+    bad = np.full((2, 3), np.nan, np.float32)
+
+    async def run():
+        first = await asyncio.gather(*(stream(x) for x in xs))  # queued together: one stream, in order
+        failed = await asyncio.gather(stream(bad), return_exceptions=True)
+        after = await stream(xs[1])  # a new run of the stream answers the next request
+        return first, failed, after
+
+    try:
+        first, failed, after = asyncio.run(run())
+    finally:
+        stream.close()
+    for x, out in zip(xs, first, strict=True):
+        assert np.allclose(out[:, 0], x.sum(axis=1))
+    assert isinstance(failed[0], ValueError) and "NaN" in str(failed[0])
+    assert np.allclose(after[:, 0], xs[1].sum(axis=1)) and runner.runs == 2
+    assert not stream.thread.is_alive()

@@ -90,12 +90,6 @@ class Runner:
         checked = as_batch(batch, self.input_shape, self.model.name)
         return checked.give_back(self._run([checked.images])[0])
 
-    def run_together(self, batches: list[Any]) -> list[Any]:
-        """Several batches (a service's gathered requests; inputs and pixels may mix) as one call: each
-        batch's outputs, in order."""
-        checked = [as_batch(b, self.input_shape, self.model.name) for b in batches]
-        return [b.give_back(out) for b, out in zip(checked, self._run([b.images for b in checked]), strict=True)]
-
     def map(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Outputs of each batch, in order. Batches are read ahead on a thread and those already there
         run as one call, up to ``window`` images, so the devices see calls as large as the tuned run's."""

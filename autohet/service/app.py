@@ -3,8 +3,9 @@ control deployment for the driver.
 
 - ``Replica``: one runner (``autohet.load`` of what ``plan.replica_load`` says), loaded, checked
   against the fp32 reference and warmed in its constructor (Serve routes to it only after that);
-  requests batched by image count up to the runner's batch (``@serve.batch``), or on the batch-1
-  path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
+  requests gathered by image count up to the runner's batch (``@serve.batch``) and run as one stream
+  (``stream.RequestStream``: the next window staged while the devices run this one), or on the
+  batch-1 path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
   (``num_gpus``, the pool file's GPU index used as given) and node (a label selector).
 - ``Ingress``: HTTP in, answers out. Each ingress process listens on the service's port itself
   (``listener``: SO_REUSEPORT, the kernel shares connections between the processes), so that bodies
@@ -39,6 +40,7 @@ from autohet.service import requests as rq
 from autohet.service.listener import Listener, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
+from autohet.service.stream import RequestStream
 
 __all__ = ["IngressSettings", "build_app"]
 
@@ -74,6 +76,7 @@ class Replica:
         self.speed_ips, self.speed_from = spec.speed_ips, "config"
         if spec.measure:
             self.speed_ips, self.speed_from = _speed(self.runner, sample[:batch], measure_s), "warm-up"
+        self.stream = RequestStream(self.runner) if spec.batching else None
         if spec.batching:
             self._batched.set_max_batch_size(batch)
             self._batched.set_batch_wait_timeout_s(batch_wait_s)
@@ -83,11 +86,11 @@ class Replica:
             return await self._batched(images)
         return await asyncio.to_thread(self.runner, images)
 
-    # two batches at once: the next one is gathered and handed over while the runner runs this one (the
-    # runner runs its calls one at a time), so the devices do not wait for Serve between batches
-    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=2, batch_size_fn=_images_in)
+    # batches gathered while others are in the stream: it always has a next window to stage while one runs
+    @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=16, batch_size_fn=_images_in)
     async def _batched(self, parts: list[np.ndarray]) -> list[np.ndarray]:
-        return await asyncio.to_thread(self.runner.run_together, parts)  # pixels and inputs may mix
+        assert self.stream is not None
+        return list(await asyncio.gather(*(self.stream(p) for p in parts)))  # pixels and inputs may mix
 
     def info(self) -> dict[str, Any]:
         import ray
@@ -99,6 +102,9 @@ class Replica:
                 "served": self.runner.describe()["served"]}
 
     def __del__(self) -> None:
+        stream = getattr(self, "stream", None)
+        if stream is not None:
+            stream.close()
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.close()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from autohet.config import RunConfig
 from autohet.errors import UserError
+from autohet.service.listener import bind_shared
 
 if TYPE_CHECKING:
     from autohet.service.plan import ReplicaSpec
@@ -106,6 +107,7 @@ class Service:
         self.metrics_url: str | None = None
         self._owns_ray = False
         self._serve_started = False
+        self._reserved: socket.socket | None = None
 
     @property
     def url(self) -> str:
@@ -125,6 +127,10 @@ class Service:
         prep = preprocessing_for(shape, config.preprocess, where)
         specs = plan_replicas(config, where)
         check_port_free(opts.host, opts.port, "--port")
+        # held until close: the kernel gives no explicitly bound port to an outgoing connection, so none of
+        # Ray's processes' connections can take it before the ingresses bind it, after the replicas have
+        # loaded (a service on the H100 box once failed to start there on EADDRINUSE without this)
+        self._reserved = bind_shared(opts.host, opts.port)
         if opts.metrics_port is not None and not opts.address:
             check_port_free("0.0.0.0", opts.metrics_port, "--metrics-port")
         import ray
@@ -182,6 +188,9 @@ class Service:
         import io
         import sys
 
+        if self._reserved is not None:
+            self._reserved.close()
+            self._reserved = None
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
             return

@@ -1,0 +1,86 @@
+"""A replica's requests as one stream through its runner (``runner.map``), answered one by one.
+
+Why: a call (``runner(images)``) stages its images, runs them and waits for the outputs before
+the next call starts; the stream stages the next window while the devices run this one (a GPU's
+pinned buffers filled straight from the requests' arrays), as ``autohet.load``'s offline stream does.
+Requests queued while a window runs go into the next window together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["RequestStream"]
+
+_CLOSE = object()
+
+
+class RequestStream:
+    """``await stream(images)`` -> that request's outputs. One thread runs ``runner.map`` over the
+    requests in arrival order; an error ends the stream's current run (every request taken into it
+    gets the error) and the next request starts a new one. ``close`` ends the thread."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name="autohet-request-stream", daemon=True)
+        self.thread.start()
+
+    async def __call__(self, images: np.ndarray) -> np.ndarray:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self.inbox.put((images, loop, future))
+        return await future
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.inbox.put(_CLOSE)
+        self.thread.join(timeout_s)
+
+    def _serve(self) -> None:
+        while self._run():
+            pass
+
+    def _run(self) -> bool:
+        """One ``runner.map`` over the requests until the stream closes (False) or fails (True: the
+        requests taken into it get the error, the next ones go into a new run)."""
+        taken: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
+        closed = False
+
+        def requests() -> Iterator[np.ndarray]:
+            nonlocal closed
+            while (item := self.inbox.get()) is not _CLOSE:
+                images, loop, future = item
+                taken.append((loop, future))
+                yield images
+            closed = True
+
+        try:
+            for out in self.runner.map(requests()):
+                _answer(*taken.popleft(), out, None)
+        except Exception as exc:
+            while taken:
+                _answer(*taken.popleft(), None, exc)
+            return not closed
+        return False
+
+
+def _answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, out: np.ndarray | None,
+            error: BaseException | None) -> None:
+    def settle() -> None:
+        if future.done():  # the caller went away (cancelled)
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(out)
+
+    with contextlib.suppress(RuntimeError):  # the loop closed: the replica is shutting down
+        loop.call_soon_threadsafe(settle)
