@@ -3,7 +3,7 @@ SO_REUSEPORT, so that several ingress processes listen on one port and the kerne
 connections between them.
 
 Why not Serve's HTTP: its proxy (one process per node) hands a request's body to the ingress as Ray
-calls of body chunks. On the H100 box it carried 650-740 MB/s of 9.6 MB bodies to a deployment that
+calls of body chunks. On the H100 box it carried 646-703 MB/s of 9.6 MB bodies to a deployment that
 only counted them, one process reading its bodies itself 1.9 GB/s (BENCHMARKS.md §20), and a tuned GPU
 config takes 10 GB/s of uint8 pixels at full speed.
 """
