@@ -3,9 +3,9 @@
 ``Service.start`` checks everything it can before Ray starts (the config, the port), starts or joins
 Ray, starts Serve without its HTTP proxy and deploys the application: ingress processes that each
 listen on ``host:port`` themselves (``listener``); it returns once every replica has loaded, been
-checked and warmed. ``drain`` refuses
-new requests (503 with Retry-After) and waits for the admitted ones; ``close`` stops Serve (and the
-Ray it started). Serve's own shutdown does not drain (it drops requests in flight), hence ``drain``.
+checked and warmed. ``drain`` refuses new requests (503 with Retry-After) and waits for the admitted
+ones; ``close`` stops Serve (and the Ray it started). Serve's own shutdown does not drain (it drops
+requests in flight), hence ``drain``.
 """
 
 from __future__ import annotations
