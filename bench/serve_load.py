@@ -239,10 +239,16 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
     return tally, wall, fault
 
 
-def _load_child(conn: Any, url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> None:
+def _timed_load(url: str, bodies: Bodies, args: argparse.Namespace,
+                tolerance: float) -> tuple[Tally, float, dict, float]:
+    """``load`` in this process, with the CPU seconds it took."""
     cpu = time.process_time()
     tally, wall, fault = asyncio.run(load(url, bodies, args, tolerance))
-    conn.send((tally, wall, fault, time.process_time() - cpu))
+    return tally, wall, fault, time.process_time() - cpu
+
+
+def _load_child(conn: Any, url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> None:
+    conn.send(_timed_load(url, bodies, args, tolerance))
     conn.close()
 
 
@@ -253,9 +259,7 @@ def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
     import multiprocessing
 
     if args.client_procs == 1:
-        cpu = time.process_time()
-        tally, wall, fault = asyncio.run(load(url, bodies, args, tolerance))
-        return tally, wall, fault, time.process_time() - cpu
+        return _timed_load(url, bodies, args, tolerance)
     context = multiprocessing.get_context("fork")  # the children run numpy and aiohttp only, no CUDA
     children = []
     for p in range(args.client_procs):

@@ -45,8 +45,10 @@ class RequestStream:
         self.thread.join(timeout_s)
 
     def _serve(self) -> None:
-        while self._run():
-            pass
+        """Runs of the stream, a new one after each failed run, until the stream is closed."""
+        failed = True
+        while failed:
+            failed = self._run()
 
     def _run(self) -> bool:
         """One ``runner.map`` over the requests until the stream closes (False) or fails (True: the
