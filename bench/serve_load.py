@@ -21,7 +21,9 @@ One run, one command:
 
 Prints req/s, img/s, request bodies' MB/s, p50/p90/p99 latency of the answered requests, 503s, lost
 requests, the images each replica ran, served / offline img/s, and the clients' own CPU time in cores
-(near ``--client-procs``: the clients bound the figures, not the service).
+(near ``--client-procs``: the clients bound the figures, not the service), and the processes that
+used the most CPU during the load with their busiest threads (``bench._procs``: one near a whole
+core is what bounds the service).
 
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 64 --pixels --seconds 30
@@ -53,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from bench._common import emit
+from bench._procs import Snapshot, busiest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -368,6 +371,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, help="the service's port (default: a free one)")
     parser.add_argument("--smoke", action="store_true",
                         help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")
+    parser.add_argument("--cpu-top", type=int, default=12,
+                        help="processes listed by the CPU they used during the load (busiest_processes)")
     parser.add_argument("--out", help="write the row as JSON")
     args = parser.parse_args()
     if args.smoke:
@@ -389,7 +394,9 @@ def main() -> None:
         proc, ready = start_service(path, port, args, max(len(d) for d in bodies.data))
         try:
             # cpu near 1 core a client process: the clients bound the figures, not the service
+            before, started = Snapshot.take(), time.perf_counter()
             tally, wall, fault, cpu = load_everywhere(f"http://127.0.0.1:{port}", bodies, args, figures["tolerance"])
+            processes = busiest(before, Snapshot.take(), time.perf_counter() - started, top=args.cpu_top)
         finally:
             code, stop_s, last = stop_service(proc) if proc.poll() is None else (proc.returncode, 0.0, "")
     images = tally.answered * bodies.images
@@ -403,7 +410,7 @@ def main() -> None:
         "p50_ms": percentile_ms(tally.latencies, 50), "p90_ms": percentile_ms(tally.latencies, 90),
         "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),
         "wrong": tally.wrong, "lost_examples": tally.lost[:5], **fault, "exit_code": code, "exit_s": round(stop_s, 2),
-        "exit_line": last, "service": ready, "tuned_batch": figures["batch"],
+        "exit_line": last, "service": ready, "tuned_batch": figures["batch"], "busiest_processes": processes,
     }
     if "offline_ips" in figures:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
@@ -414,6 +421,10 @@ def main() -> None:
                "offline_p50_ms", "p50_ms", "p90_ms", "p99_ms", "rejected_503", "lost", "killed", "recovered_s",
                "exit_code"]
     emit("serve_load", [row], [c for c in columns if c in row], args.out)
+    for p in processes[:6]:
+        threads = ", ".join(f"{c} {u:.2f}" for c, _, u in p.get("threads", [])[:3])
+        print(f"cpu: {p['cores']:.2f} cores  {p['title'][:60]}" + (f"  (threads: {threads})" if threads else ""),
+              file=sys.stderr)
     if tally.lost:
         print(f"lost {len(tally.lost)} requests, e.g. {tally.lost[0]}", file=sys.stderr)
 

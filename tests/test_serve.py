@@ -468,11 +468,13 @@ def test_a_chunk_whose_replica_dies_is_cut_again_for_the_others_and_nothing_is_l
 
 
 def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_queue():
-    """The ingress's own HTTP path (its listener's application): a replica that does not answer within
-    ``request_timeout_s`` gives a 408 with a one-line reason, and the request no longer counts in flight."""
+    """The ingress's own HTTP path (its listener's application): a request admitted on its head counts
+    in flight; a replica that does not answer within ``request_timeout_s`` gives a 408 with a one-line
+    reason, and the request no longer counts in flight."""
     import asyncio
 
     from autohet.service.app import Ingress, IngressSettings
+    from autohet.service.listener import Admitted, parse_head
 
     class Stuck(FakeReplica):
         async def _infer(self, images: np.ndarray) -> np.ndarray:
@@ -483,22 +485,47 @@ def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_que
                                frozenset(), 1, 0.3)
     ingress = Ingress(settings, only=Stuck("only", 4, 1.0))
     body = npy(np.zeros((2, *LENET), np.float32))
-    scope = {"type": "http", "method": "POST", "path": "/v1/predict", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/x-npy"), (b"content-length", str(len(body)).encode())]}
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
+    head = parse_head(b"POST /v1/predict HTTP/1.1\r\ncontent-type: application/x-npy\r\ncontent-length: "
+                      + str(len(body)).encode())
+    admitted = ingress.begin(head)
+    assert isinstance(admitted, Admitted) and ingress.in_flight == 1
     started = time.perf_counter()
-    asyncio.run(ingress._asgi(scope, receive, send))
-    assert sent[0]["status"] == 408 and time.perf_counter() - started < 10
-    reason = json.loads(sent[1]["body"])["error"]
+    reply = asyncio.run(admitted.run(memoryview(body)))
+    assert reply.status == 408 and time.perf_counter() - started < 10
+    reason = json.loads(reply.body)["error"]
     assert "--request-timeout-s" in reason and len(reason.splitlines()) == 1
     assert ingress.in_flight == 0
+    admitted.release()  # released once only, whoever calls it again
+    assert ingress.in_flight == 0
+
+
+def test_the_ingress_refuses_on_the_head_and_a_full_queue_admits_no_more():
+    """Refusals need no body: a wrong route, content type, declared size or query, and past
+    ``max_queue`` requests in flight a 503 with Retry-After; a released request frees its place."""
+    from autohet.service.app import Ingress, IngressSettings
+    from autohet.service.listener import Admitted, Reply, parse_head
+
+    settings = IngressSettings("127.0.0.1", 0, "lenet", LENET, preprocessing_for(LENET, None, "t"), 2, 1000,
+                               frozenset(), 1, 5.0)
+    ingress = Ingress(settings, only=FakeReplica("only", 4, 1.0))
+
+    def begin(line: str, *headers: str) -> Reply | Admitted:
+        return ingress.begin(parse_head("\r\n".join((line, *headers)).encode()))
+
+    npy_type = "content-type: application/x-npy"
+    for verdict, status in ((begin("GET /v2/predict HTTP/1.1"), 404), (begin("GET /v1/predict HTTP/1.1"), 405),
+                            (begin("POST /v1/predict HTTP/1.1", "content-type: text/plain"), 415),
+                            (begin("POST /v1/predict HTTP/1.1", npy_type, "content-length: 1001"), 413),
+                            (begin("POST /v1/predict?top=3 HTTP/1.1", npy_type), 400)):
+        assert isinstance(verdict, Reply) and verdict.status == status, (verdict, status)
+        assert len(json.loads(verdict.body)["error"].splitlines()) == 1
+    first, second = begin("POST /v1/predict HTTP/1.1", npy_type), begin("POST /v1/predict HTTP/1.1", npy_type)
+    full = begin("POST /v1/predict HTTP/1.1", npy_type)
+    assert isinstance(first, Admitted) and isinstance(second, Admitted)
+    assert isinstance(full, Reply) and full.status == 503 and full.headers["Retry-After"]
+    assert "--max-queue" in json.loads(full.body)["error"]
+    first.release()
+    assert isinstance(begin("POST /v1/predict HTTP/1.1", npy_type), Admitted)
 
 
 class MapRunner:

@@ -8,13 +8,12 @@ control deployment for the driver.
   batch-1 path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
   (``num_gpus``, the pool file's GPU index used as given) and node (a label selector).
 - ``Ingress``: HTTP in, answers out. Each ingress process listens on the service's port itself
-  (``listener``: SO_REUSEPORT, the kernel shares connections between the processes), so that bodies
-  are read by as many processes as the config leaves cores for, not through Serve's one HTTP proxy.
-  Admission first (past ``max_queue`` requests in flight: 503
-  with Retry-After), then the body (413 past its limit); a refused request's body is read and dropped
-  (up to twice the limit) before the answer, so a client still sending gets the answer and not a
-  broken pipe (seen in CI: a 1.2 MB body refused on its Content-Length). Decoding on the cores
-  the config leaves free (``runtime.images.Decoders``), images shared between replicas by speed
+  (``listener``: its own HTTP server on SO_REUSEPORT, the kernel shares connections between the
+  processes; bodies read straight into one array each), so that bodies are read by as many processes
+  as the config leaves cores for, not through Serve's one HTTP proxy. A request is refused on its head
+  (``Ingress.begin``: route, content type, declared size, past ``max_queue`` requests in flight 503
+  with Retry-After) or admitted, its body then read and parsed. Decoding on the cores the config
+  leaves free (``runtime.images.Decoders``), images shared between replicas by speed
   (``routing.share``). A chunk whose replica dies mid-request is sent again to another replica (or
   to the one Serve starts in its place): an admitted request is answered or refused, never lost.
 - ``Control``: the application's root, with no route: the driver's one handle on every ingress
@@ -25,9 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from ray import serve
 from autohet.config import RunConfig
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
-from autohet.service.listener import Listener, bind_shared
+from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
 from autohet.service.stream import RequestStream
@@ -186,31 +187,52 @@ class Ingress:
         self.classes = int(infos[0]["classes"])
         return [{**i, "images_routed": n} for i, n in zip(infos, self.routed, strict=True)]
 
-    # --- HTTP ----------------------------------------------------------------------------------------
+    # --- HTTP (the listener's application) -------------------------------------------------------------
 
-    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        """The listener's application: one request, answered within ``request_timeout_s`` or 408."""
-        from starlette.requests import Request
-
-        if scope["type"] != "http":
-            return
-        limit = self.settings.request_timeout_s
+    def begin(self, head: Head) -> Reply | Admitted:
+        """A request on its head: refused here (route, method, content type, declared size, query, a full
+        queue, a draining service) or admitted, its answer then due within ``request_timeout_s`` (408)."""
         try:
-            response = await asyncio.wait_for(self(Request(scope, receive)), limit)
-        except TimeoutError:
-            response = _json({"error": f"not answered within {limit:g} s (autohet serve --request-timeout-s)"}, 408)
-        await response(scope, receive, send)
-
-    async def __call__(self, request: Any) -> Any:
-        try:
-            route = rq.check_route(request.method, request.url.path)
-            if route == "healthz":
-                return await self._health()
-            return await self._predict(request)
+            if rq.check_route(head.method, head.path) == "healthz":
+                return Admitted(lambda body: self._timed(self._health()), _nothing)
+            if self.draining:
+                return _busy("the service is shutting down; retry on its successor")
+            media = rq.media_type(head.headers.get("content-type"))
+            rq.check_declared_length(head.headers.get("content-length"), self.settings.max_body)
+            with_logits = rq.parse_query(head.query)
         except rq.BadRequest as exc:
             return _json({"error": exc.reason}, exc.status, exc.headers)
+        if self.in_flight >= self.settings.max_queue:
+            return _busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve --max-queue)")
+        self.in_flight += 1
+        released = False
 
-    async def _health(self) -> Any:
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self.in_flight -= 1
+
+        async def run(body: memoryview) -> Reply:
+            try:
+                return await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body))
+            finally:
+                release()
+
+        return Admitted(run, release)
+
+    def error(self, status: int, reason: str) -> Reply:
+        """The listener's own refusals (a malformed request, headers too long, a stalled body)."""
+        return _json({"error": reason}, status)
+
+    async def _timed(self, answer: Awaitable[Reply]) -> Reply:
+        limit = self.settings.request_timeout_s
+        try:
+            return await asyncio.wait_for(answer, limit)
+        except TimeoutError:
+            return _json({"error": f"not answered within {limit:g} s (autohet serve --request-timeout-s)"}, 408)
+
+    async def _health(self) -> Reply:
         if self.draining:
             return _busy("the service is shutting down")
         try:
@@ -220,69 +242,30 @@ class Ingress:
         return _json({"ready": True, "replicas": infos, "ingress": {"pid": os.getpid()},
                       "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
 
-    async def _predict(self, request: Any) -> Any:
-        if self.draining:
-            await self._drop_body(request)
-            return _busy("the service is shutting down; retry on its successor")
+    async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview) -> Reply:
         try:
-            media = rq.media_type(request.headers.get("content-type"))
-            rq.check_declared_length(request.headers.get("content-length"), self.settings.max_body)
-            with_logits = rq.parse_query(request.query_params)
-        except rq.BadRequest:
-            await self._drop_body(request)
-            raise
-        if self.in_flight >= self.settings.max_queue:
-            await self._drop_body(request)
-            return _busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve "
-                         "--max-queue)")
-        self.in_flight += 1
-        try:
-            body = await self._body(request)
+            if len(body) > self.settings.max_body:  # a chunked body is refused by the listener before this
+                raise rq.BadRequest(413, rq.too_large(len(body), self.settings.max_body))
             if media == rq.NPY_TYPE:
                 images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
             else:
                 loop = asyncio.get_running_loop()
-                images = await loop.run_in_executor(self.decoders.pool, rq.decode_image, body, self.settings.prep)
-            try:
-                outputs = await self._run(images)
-            except NoReplica as exc:
-                return _busy(str(exc))
-            except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
-                log.exception("autohet serve: a request failed")
-                return _json({"error": f"inference failed: {_last_line(exc)}"}, 500)
-            if media == rq.NPY_TYPE:
-                if "application/x-npy" in request.headers.get("accept", ""):
-                    from starlette.responses import Response
-
-                    return Response(rq.npy_bytes(outputs), media_type=rq.NPY_TYPE)
-                return _json(rq.outputs_body(outputs), 200)
-            return _json(rq.predict_body(outputs[0], with_logits), 200)
-        finally:
-            self.in_flight -= 1
-
-    async def _body(self, request: Any) -> bytes:
-        """The body, refused (413) past the limit, whatever Content-Length said (what follows the limit
-        read and dropped, up to twice the limit: see ``_drop_body``)."""
-        parts, size = [], 0
-        async for part in request.stream():
-            size += len(part)
-            if size > 2 * self.settings.max_body:
-                break
-            if size <= self.settings.max_body:
-                parts.append(part)
-        if size > self.settings.max_body:
-            raise rq.BadRequest(413, rq.too_large(size, self.settings.max_body))
-        return b"".join(parts)
-
-    async def _drop_body(self, request: Any) -> None:
-        """Reads and drops what is left of a refused request's body, up to twice the body limit (past
-        that the connection is closed on the sender), so the client reads the answer."""
-        size = 0
-        with contextlib.suppress(Exception):  # already read, or the client went away
-            async for part in request.stream():
-                size += len(part)
-                if size > 2 * self.settings.max_body:
-                    return
+                images = await loop.run_in_executor(self.decoders.pool, rq.decode_image, bytes(body),  # pickled
+                                                    self.settings.prep)
+        except rq.BadRequest as exc:
+            return _json({"error": exc.reason}, exc.status, exc.headers)
+        try:
+            outputs = await self._run(images)
+        except NoReplica as exc:
+            return _busy(str(exc))
+        except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
+            log.exception("autohet serve: a request failed")
+            return _json({"error": f"inference failed: {_last_line(exc)}"}, 500)
+        if media == rq.NPY_TYPE:
+            if rq.NPY_TYPE in accept:
+                return Reply(200, rq.npy_bytes(outputs), rq.NPY_TYPE)
+            return _json(rq.outputs_body(outputs), 200)
+        return _json(rq.predict_body(outputs[0], with_logits), 200)
 
     async def _run(self, images: np.ndarray) -> np.ndarray:
         if not self.speeds:
@@ -344,14 +327,16 @@ class Ingress:
         task.add_done_callback(self.watchers.discard)
 
 
-def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Any:
-    from starlette.responses import JSONResponse
-
-    return JSONResponse(body, status_code=status, headers=headers)
+def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Reply:
+    return Reply(status, json.dumps(body, separators=(",", ":")).encode(), "application/json", dict(headers or {}))
 
 
-def _busy(reason: str) -> Any:
+def _busy(reason: str) -> Reply:
     return _json({"error": reason}, 503, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _nothing() -> None:
+    """An admitted request with nothing to give back when its body never comes (``/healthz``)."""
 
 
 def _last_line(exc: BaseException) -> str:
@@ -366,7 +351,8 @@ class ListeningIngress(Ingress):
 
     def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
         super().__init__(settings, **replicas)
-        self.listener = Listener(self._asgi, bind_shared(settings.host, settings.port))
+        self.listener = Listener(self, bind_shared(settings.host, settings.port), settings.max_body,
+                                 body_timeout_s=settings.request_timeout_s)
 
     def __del__(self) -> None:
         listener = getattr(self, "listener", None)

@@ -1,0 +1,213 @@
+"""The ingress's HTTP/1.1 server (``autohet.service.listener``) against real sockets, without Ray: bodies
+whole and intact (Content-Length, chunked, 100-continue), keep-alive and pipelining, refusals read
+past, and every way a request can fail to arrive answered or released."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared, parse_head
+
+MAX_BODY = 4 << 20
+
+
+class EchoApp:
+    """Answers a body's length and digest; ``/refuse`` is refused on its head, ``/slow`` answers late."""
+
+    def __init__(self) -> None:
+        self.admitted = 0
+        self.released = 0
+        self.heads: list[Head] = []
+
+    def begin(self, head: Head) -> Reply | Admitted:
+        self.heads.append(head)
+        if head.path == "/refuse":
+            return Reply(503, b'{"error": "refused"}', headers={"Retry-After": "1"})
+        self.admitted += 1
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if not done:
+                done = True
+                self.released += 1
+
+        async def run(body: memoryview) -> Reply:
+            try:
+                if head.path == "/slow":
+                    await asyncio.sleep(0.3)
+                answer = {"length": len(body), "sha": hashlib.sha256(body).hexdigest(), "query": head.query,
+                          "method": head.method}
+                return Reply(200, json.dumps(answer).encode())
+            finally:
+                release()
+
+        return Admitted(run, release)
+
+    def error(self, status: int, reason: str) -> Reply:
+        return Reply(status, json.dumps({"error": reason}).encode())
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[EchoApp, int]]:
+    app, loop = EchoApp(), asyncio.new_event_loop()
+    sock = bind_shared("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    started = threading.Event()
+    holder: dict[str, Listener] = {}
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+
+        async def start() -> None:
+            holder["listener"] = Listener(app, sock, MAX_BODY, keep_alive_s=2.0, body_timeout_s=1.0)
+            await holder["listener"].ready
+            started.set()
+
+        loop.run_until_complete(start())
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield app, port
+    loop.call_soon_threadsafe(holder["listener"].stop)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+    sock.close()
+
+
+def _raw(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    _readers.pop(s.fileno(), None)
+    return s
+
+
+def _read_answer(s: socket.socket) -> tuple[int, dict[str, str], bytes]:
+    """One answer off a raw socket (status, headers, body by its Content-Length); what follows it stays
+    in the socket's reader for the next call."""
+    reader = _readers.setdefault(s.fileno(), s.makefile("rb"))
+    status_line = reader.readline()
+    if not status_line:
+        raise ConnectionError("closed")
+    headers = {}
+    while (line := reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.lower()] = value.strip()
+    return int(status_line.split()[1]), headers, reader.read(int(headers.get("content-length", 0)))
+
+
+_readers: dict[int, object] = {}
+
+
+def test_bodies_arrive_whole_on_one_kept_alive_connection(served):
+    app, port = served
+    rng = np.random.default_rng(0)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for size in (3_000_001, 0, 17, 1_234_567):
+        body = rng.integers(0, 255, size, dtype=np.uint8).tobytes()
+        connection.request("POST", "/v1/predict?logits=1", body=body)
+        answer = json.loads(connection.getresponse().read())
+        assert answer == {"length": size, "sha": hashlib.sha256(body).hexdigest(), "query": {"logits": "1"},
+                          "method": "POST"}
+    assert app.admitted == app.released == 4
+    assert len({id(h) for h in app.heads}) == 4 and connection.sock is not None  # one connection throughout
+
+
+def test_a_chunked_body_is_joined_and_one_over_the_limit_gets_413(served):
+    app, port = served
+    pieces = [b"a" * 70_000, b"", b"b" * 5, b"c" * 300_000]
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/x", body=iter([p for p in pieces if p]), encode_chunked=True)
+    answer = json.loads(connection.getresponse().read())
+    assert answer["length"] == 370_005 and answer["sha"] == hashlib.sha256(b"".join(pieces)).hexdigest()
+    connection.request("POST", "/x", body=iter([b"z" * (1 << 20)] * 5), encode_chunked=True)
+    response = connection.getresponse()
+    assert response.status == 413 and "over the limit" in json.loads(response.read())["error"]
+    assert app.admitted == app.released == 2
+
+
+def test_expect_100_continue_and_pipelined_requests(served):
+    _, port = served
+    with _raw(port) as s:
+        s.sendall(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\nexpect: 100-continue\r\n\r\n")
+        assert _read_answer(s)[0] == 100
+        s.sendall(b"hello")
+        status, _, body = _read_answer(s)
+        assert status == 200 and json.loads(body)["sha"] == hashlib.sha256(b"hello").hexdigest()
+        s.sendall(b"GET /slow?n=1 HTTP/1.1\r\n\r\nGET /b?n=2 HTTP/1.1\r\n\r\nHEAD /c HTTP/1.1\r\n\r\n")
+        first, second = _read_answer(s), _read_answer(s)
+        assert [json.loads(a[2])["query"] for a in (first, second)] == [{"n": "1"}, {"n": "2"}]  # in order
+        reader = _readers[s.fileno()]
+        head = b"".join(iter(reader.readline, b"\r\n"))
+        assert head.startswith(b"HTTP/1.1 200") and b"content-length: " in head  # HEAD: the headers only
+        s.sendall(b"GET /after HTTP/1.1\r\n\r\n")
+        assert json.loads(_read_answer(s)[2])["method"] == "GET"  # no HEAD body came before this answer
+
+
+def test_a_refused_body_is_read_past_and_the_connection_goes_on(served):
+    """A refusal on the head: the client sending a 1 MB body reads the 503, not a broken pipe, and
+    the connection carries the next request."""
+    app, port = served
+    with _raw(port) as s:
+        s.sendall(b"POST /refuse HTTP/1.1\r\ncontent-length: 1000000\r\n\r\n" + b"x" * 1_000_000)
+        status, headers, body = _read_answer(s)
+        assert status == 503 and headers["retry-after"] == "1" and json.loads(body)["error"] == "refused"
+        s.sendall(b"POST /ok HTTP/1.1\r\ncontent-length: 3\r\n\r\nabc")
+        assert _read_answer(s)[0] == 200
+    assert app.admitted == app.released == 1
+
+
+@pytest.mark.parametrize("request_bytes, status", [
+    (b"POST /x HTTP/1.1\r\ncontent-length: lots\r\n\r\n", 400),
+    (b"NOT A REQUEST\r\n\r\n", 400),
+    (b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501),
+    (b"POST /x HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", 400),
+    (b"GET /x HTTP/1.1\r\nx-big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
+])
+def test_a_malformed_request_gets_its_4xx_and_the_connection_closes(served, request_bytes, status):
+    _, port = served
+    with _raw(port) as s:
+        s.sendall(request_bytes)
+        got, headers, body = _read_answer(s)
+        assert got == status and headers["connection"] == "close"
+        reason = json.loads(body)["error"]
+        assert reason and len(reason.splitlines()) == 1
+        assert _readers[s.fileno()].read(10) == b""  # closed by the server (no reset: the answer was not lost)
+
+
+def test_a_body_that_stops_coming_gets_408_and_one_cut_off_is_released(served):
+    app, port = served
+    with _raw(port) as s:
+        s.sendall(b"POST /x HTTP/1.1\r\ncontent-length: 100\r\n\r\nonly some")
+        started = time.perf_counter()
+        status, _, body = _read_answer(s)
+        assert status == 408 and "stopped coming" in json.loads(body)["error"]
+        assert time.perf_counter() - started < 5
+    with _raw(port) as s:
+        s.sendall(b"POST /x HTTP/1.1\r\ncontent-length: 100\r\n\r\nonly some")
+        time.sleep(0.2)
+    deadline = time.perf_counter() + 5
+    while app.released < 2 and time.perf_counter() < deadline:
+        time.sleep(0.05)
+    assert app.admitted == app.released == 2  # neither request is left counted in flight
+
+
+def test_parse_head_reads_the_line_the_headers_and_the_body_framing():
+    head = parse_head(b"post /v1/predict?logits=1&x=a%20b HTTP/1.0\r\nContent-Type: image/png\r\n"
+                      b"content-length: 12\r\nX-A: 1\r\nx-a: 2\r\nconnection: keep-alive")
+    assert (head.method, head.path, head.version) == ("POST", "/v1/predict", "1.0")
+    assert (head.length, head.chunked) == (12, False)
+    assert head.query == {"logits": "1", "x": "a b"} and head.headers["x-a"] == "1, 2" and head.keep_alive
+    assert not parse_head(b"GET / HTTP/1.0").keep_alive and parse_head(b"GET / HTTP/1.1").keep_alive
+    assert parse_head(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked").chunked
