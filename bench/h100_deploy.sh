@@ -60,8 +60,8 @@ case "$1" in
     configs
     best=/tmp/deploy/runs/peers-resnet18/best.yaml; [ -f $best ] || best=$W/single.yaml
     log "serve the tuned config at saturation (${SERVE_SECONDS:-20} s), uint8 pixel requests"
-    t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config $best --clients 64 --npy-batch 64 \
-      --pixels --seconds ${SERVE_SECONDS:-20} --out "$W/serve_pixels.json" > "$W/serve_pixels.log" 2>&1
+    t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config $best --clients 64 --client-procs 4 \
+      --npy-batch 64 --pixels --seconds ${SERVE_SECONDS:-20} --out "$W/serve_pixels.json" > "$W/serve_pixels.log" 2>&1
     tail -8 "$W/serve_pixels.log"; stop_ray
     log "the GPU + 15-core fast_split config, its fastest replica killed after 8 s"
     t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$W/mixed.yaml" --clients 64 \

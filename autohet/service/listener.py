@@ -4,9 +4,9 @@ them.
 
 Why not uvicorn (nor Serve's HTTP proxy before it): a request's body is read straight into one
 array of its declared length (``recv_into``, as much as the socket holds per call), not as 256 KiB
-``bytes`` chunks each handed through an ASGI receive, paused and resumed, then joined. On the
-2-core box uvicorn's body reading took 1.07 CPU seconds per GB of 9.6 MB bodies and this server
-0.52 (BENCHMARKS.md §21); on the H100 box the ingress processes were what bounded the service.
+``bytes`` chunks each handed through an ASGI receive, paused and resumed, then joined. On the H100
+box, with the rest of the ingress unchanged, its processes used 1.25 CPU seconds per GB of 9.6 MB
+bodies against 1.84 through uvicorn, and the service answered 1.14x the images (BENCHMARKS.md §21).
 
 What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (one answered at a time),
 ``Content-Length`` and chunked bodies, ``Expect: 100-continue``. The application sees a request's
