@@ -186,6 +186,30 @@ def test_a_malformed_request_gets_its_4xx_and_the_connection_closes(served, requ
         assert _readers[s.fileno()].read(10) == b""  # closed by the server (no reset: the answer was not lost)
 
 
+def test_a_declared_body_over_the_limit_gets_413_whatever_the_app_said(served):
+    app, port = served
+    with _raw(port) as s:
+        s.sendall(f"POST /x HTTP/1.1\r\ncontent-length: {MAX_BODY + 1}\r\nexpect: 100-continue\r\n\r\n".encode())
+        status, headers, body = _read_answer(s)
+        assert status == 413 and headers["connection"] == "close" and "over the limit" in json.loads(body)["error"]
+    assert app.admitted == app.released == 1  # admitted by the app, released by the listener
+
+
+def test_a_client_that_half_closes_gets_its_answer_and_http_1_0_is_closed_after_one(served):
+    app, port = served
+    with _raw(port) as s:
+        s.sendall(b"POST /slow HTTP/1.1\r\ncontent-length: 2\r\n\r\nhi")
+        s.shutdown(socket.SHUT_WR)  # nothing more to send; the answer still comes
+        status, _, body = _read_answer(s)
+        assert status == 200 and json.loads(body)["length"] == 2
+    for path in ("/refuse", "/ok"):
+        with _raw(port) as s:
+            s.sendall(f"POST {path} HTTP/1.0\r\ncontent-length: 3\r\n\r\nabc".encode())
+            status, headers, _ = _read_answer(s)
+            assert status in (200, 503) and headers["connection"] == "close"
+            assert _readers[s.fileno()].read(10) == b""
+
+
 def test_a_body_that_stops_coming_gets_408_and_one_cut_off_is_released(served):
     app, port = served
     with _raw(port) as s:

@@ -191,6 +191,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.last = self.loop.time()
         self.timer: asyncio.TimerHandle | None = None
         self.linger_since = 0.0
+        self.half_closed = False
 
     # --- asyncio's calls ------------------------------------------------------------------------------
 
@@ -240,7 +241,11 @@ class _Connection(asyncio.BufferedProtocol):
                 self.transport.pause_reading()  # pipelined requests fill the head buffer: wait
 
     def eof_received(self) -> bool:
-        return False  # the transport closes; a request being answered finds it closed
+        """The client sent all it will: a request being answered still gets its answer, then the close."""
+        if self.state == "busy":
+            self.half_closed = True
+            return True
+        return False
 
     # --- a request's parts ----------------------------------------------------------------------------
 
@@ -265,6 +270,12 @@ class _Connection(asyncio.BufferedProtocol):
             return
         if isinstance(verdict, Reply):
             self._refuse(verdict)
+            return
+        if not request.chunked and (request.length or 0) > self.listener.max_body:  # whatever the app said
+            from autohet.service.requests import too_large
+
+            verdict.release()
+            self._refuse(self.listener.app.error(413, too_large(request.length or 0, self.listener.max_body)))
             return
         self.admitted = verdict
         if request.chunked:
@@ -378,9 +389,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _next(self) -> None:
         """The connection's next request (already in ``head`` if pipelined), or its close."""
-        if self.state == "closed" or self.transport is None or self.transport.is_closing():
+        if self.state in ("closed", "linger") or self.transport is None or self.transport.is_closing():
             return
-        if self.listener.stopping:
+        if self.listener.stopping or self.half_closed:
             self.transport.close()
             return
         self.state, self.request, self.body, self.got = "head", None, memoryview(b""), 0
