@@ -23,7 +23,8 @@ Prints req/s, img/s, request bodies' MB/s, p50/p90/p99 latency of the answered r
 requests, the images each replica ran, served / offline img/s, and the clients' own CPU time in cores
 (near ``--client-procs``: the clients bound the figures, not the service), and the processes that
 used the most CPU during the load with their busiest threads (``bench._procs``: one near a whole
-core is what bounds the service).
+core is what bounds the service), and each replica's images per device call during the load (its
+runner's calls from ``/healthz``: far below the tuned batch, the device runs part-empty calls).
 
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 64 --pixels --seconds 30
@@ -329,6 +330,28 @@ def stop_service(proc: subprocess.Popen) -> tuple[int, float, str]:
     return code, time.perf_counter() - start, err[-1] if err else ""
 
 
+def replica_counts(url: str) -> dict[str, tuple[int, int]]:
+    """Each replica's device calls and the images they ran so far (``/healthz``; {} if it is not 200)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=30) as response:
+            replicas = json.loads(response.read())["replicas"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {r["name"]: (int(r.get("executions", 0)), int(r.get("inferences", 0))) for r in replicas}
+
+
+def call_fill(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, float | None]:
+    """Images per device call of each replica during the load (a replica restarted meanwhile: None)."""
+    fills: dict[str, float | None] = {}
+    for name, (calls, images) in after.items():
+        was_calls, was_images = before.get(name, (0, 0))
+        calls, images = calls - was_calls, images - was_images
+        fills[name] = round(images / calls, 1) if calls > 0 and images >= 0 else None
+    return fills
+
+
 def smoke_config(folder: Path) -> str:
     from autohet.config import RunConfig, write_config
     from autohet.models import ModelSpec
@@ -394,9 +417,12 @@ def main() -> None:
         proc, ready = start_service(path, port, args, max(len(d) for d in bodies.data))
         try:
             # cpu near 1 core a client process: the clients bound the figures, not the service
+            url = f"http://127.0.0.1:{port}"
+            counts = replica_counts(url)
             before, started = Snapshot.take(), time.perf_counter()
-            tally, wall, fault, cpu = load_everywhere(f"http://127.0.0.1:{port}", bodies, args, figures["tolerance"])
+            tally, wall, fault, cpu = load_everywhere(url, bodies, args, figures["tolerance"])
             processes = busiest(before, Snapshot.take(), time.perf_counter() - started, top=args.cpu_top)
+            fills = call_fill(counts, replica_counts(url))
         finally:
             code, stop_s, last = stop_service(proc) if proc.poll() is None else (proc.returncode, 0.0, "")
     images = tally.answered * bodies.images
@@ -411,6 +437,7 @@ def main() -> None:
         "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),
         "wrong": tally.wrong, "lost_examples": tally.lost[:5], **fault, "exit_code": code, "exit_s": round(stop_s, 2),
         "exit_line": last, "service": ready, "tuned_batch": figures["batch"], "busiest_processes": processes,
+        "images_per_call": fills,
     }
     if "offline_ips" in figures:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
@@ -421,6 +448,8 @@ def main() -> None:
                "offline_p50_ms", "p50_ms", "p90_ms", "p99_ms", "rejected_503", "lost", "killed", "recovered_s",
                "exit_code"]
     emit("serve_load", [row], [c for c in columns if c in row], args.out)
+    print(f"images per device call during the load, by replica: {fills} (tuned batch {figures['batch']})",
+          file=sys.stderr)
     for p in processes[:6]:
         threads = ", ".join(f"{c} {u:.2f}" for c, _, u in p.get("threads", [])[:3])
         print(f"cpu: {p['cores']:.2f} cores  {p['title'][:60]}" + (f"  (threads: {threads})" if threads else ""),

@@ -21,7 +21,8 @@ RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subpro
                                    pytest.param("tune_speed", marks=RAY_SLOW),
                                    pytest.param("cpu_peers", marks=RAY_SLOW),
                                    pytest.param("serve_load", marks=RAY_SLOW),
-                                   pytest.param("runtime_load", marks=pytest.mark.slow)])  # no Ray, ~8 s
+                                   pytest.param("runtime_load", marks=pytest.mark.slow),  # no Ray, ~8 s
+                                   pytest.param("http_ceiling", marks=pytest.mark.slow)])  # no Ray, ~5 s
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -50,3 +51,7 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         row = rows[0]
         assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"] and row["client_procs"] == 2, row
         assert (row["lost"], row["wrong"], row["exit_code"]) == (0, 0, 143), row
+        assert row["busiest_processes"] and set(row["images_per_call"]) == set(row["images_routed"]), row
+    if bench == "http_ceiling":  # bodies carried and answered by the ingress's HTTP server alone
+        row = rows[0]
+        assert row["req_s"] > 0 and row["body_mb_s"] > 0 and row["server_cores"] > 0, row

@@ -312,6 +312,10 @@ def test_a_single_config_starts_only_its_executor(tmp_path):
     with autohet.load(write(tmp_path, "lenet", "single", {"executor": 1})) as runner:
         assert [e.name for e in runner.pool.spec.executors] == ["cpu1"] and runner.cores == frozenset({1})
         close_to(runner(x), reference("lenet", x))
+        assert (runner.executions, runner.inferences) == (1, 5)  # the device calls and their images
+        list(runner.map([x[:2], x[2:], x]))
+        described = runner.describe()
+        assert described["inferences"] == 15 and 2 <= described["executions"] <= 4
 
 
 def _pixels(n: int, seed: int) -> np.ndarray:

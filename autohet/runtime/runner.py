@@ -78,6 +78,10 @@ class Runner:
         self._queue_lock = threading.Lock()
         self._run_lock = threading.RLock()  # re-entered where a call first meets pixels (the scale is set once)
         self._reported = 0
+        # device calls and the images they ran (Triton's execution and inference counts): their ratio is
+        # how full the calls are; a service's replica fills them only as far as its requests come
+        self.executions = self.inferences = 0
+        self._counts_lock = threading.Lock()
         self._closed = False
         self._stream_lock = threading.Lock()
 
@@ -126,6 +130,7 @@ class Runner:
                 taken, error, ended = reader.take(self._window_images, self._window_bytes)
                 if taken:
                     windows.append(taken)
+                    self._count(sum(len(b.images) for b in taken))
                     yield self._device_inputs([b.images for b in taken])
                 if error is not None:
                     failed.append(error)
@@ -195,6 +200,7 @@ class Runner:
         images = parts[0] if len(parts) == 1 else self._joined(parts)
         try:
             outputs = self.served(images)
+            self._count(len(images))
             if not self.checked:
                 self._check(images, outputs)
             self.classes = outputs.shape[1]
@@ -211,6 +217,11 @@ class Runner:
                 r.outputs.append(outputs[start : start + len(p)])
                 start += len(p)
             r.done.set()
+
+    def _count(self, images: int) -> None:
+        with self._counts_lock:
+            self.executions += 1
+            self.inferences += images
 
     def _joined(self, parts: list[np.ndarray]) -> np.ndarray:
         """The parts copied into the runner's window buffer, kept from call to call: a fresh gigabyte
@@ -262,7 +273,8 @@ class Runner:
     def describe(self) -> dict[str, Any]:
         return {"config": self.source, "model": self.model.name, "strategy": self.config.strategy,
                 "objective": self.mode, "params": self.params, "served": self.served.describe(),
-                "window": self.window, "checked": self.checked, "check": self.check_result, "deaths": self.deaths}
+                "window": self.window, "checked": self.checked, "check": self.check_result, "deaths": self.deaths,
+                "executions": self.executions, "inferences": self.inferences}
 
     def close(self) -> None:
         """Stops the engine or the executors (and the Ray this runner started)."""

@@ -100,7 +100,7 @@ class Replica:
                 "batch": max(1, self.runner.batch), "classes": self.runner.classes or 0,
                 "batching": self.spec.batching, "speed_ips": self.speed_ips,
                 "speed_from": self.speed_from, "checked": self.runner.checked, "check": self.runner.check_result,
-                "served": self.runner.describe()["served"]}
+                **{k: v for k, v in self.runner.describe().items() if k in ("served", "executions", "inferences")}}
 
     def __del__(self) -> None:
         stream = getattr(self, "stream", None)
