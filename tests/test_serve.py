@@ -338,6 +338,13 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
                                      headers={"Accept": "application/x-npy"})
         assert status == 200 and headers["content-type"] == "application/x-npy"
         close_to(np.load(io.BytesIO(body)), offline[:5])
+        # the three .npy bodies went to the replicas (this node's) through shared memory, gone once answered
+        shared = {}
+        for _ in range(24):
+            ingress = json.loads(http(url + "/healthz")[2])["ingress"]
+            shared[ingress["pid"]] = ingress["shm_bodies"]
+        assert Path("/dev/shm").is_dir() <= (sum(shared.values()) == 3), shared
+        assert not [f for pid in pids for f in Path("/dev/shm").glob(f"autohet-body-{pid}-*")]
 
         # bad requests: each its 4xx and a one-line reason; the service still answers after them
         bad = [("/v1/predict", b"not an image", "image/jpeg", None, 400, "not a readable image"),

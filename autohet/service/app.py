@@ -41,6 +41,7 @@ from autohet.service import requests as rq
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
+from autohet.service.shm import ShmBody, ShmImages, remove_stale, shm_body
 from autohet.service.stream import RequestStream
 
 __all__ = ["IngressSettings", "build_app"]
@@ -82,7 +83,9 @@ class Replica:
             self._batched.set_max_batch_size(batch)
             self._batched.set_batch_wait_timeout_s(batch_wait_s)
 
-    async def infer(self, images: np.ndarray) -> np.ndarray:
+    async def infer(self, images: np.ndarray | ShmImages) -> np.ndarray:
+        if isinstance(images, ShmImages):  # a body an ingress of this node holds in shared memory
+            images = images.open()
         if self.spec.batching:
             return await self._batched(images)
         return await asyncio.to_thread(self.runner, images)
@@ -148,7 +151,7 @@ class Ingress:
     """The HTTP endpoints (``requests`` says which); ``begin_drain``, ``requests_in_flight`` and
     ``replicas`` for the driver."""
 
-    def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
+    def __init__(self, settings: IngressSettings, shm: bool = False, **replicas: Any) -> None:
         from ray.serve.metrics import Counter
 
         from autohet.runtime.images import Decoders
@@ -163,6 +166,9 @@ class Ingress:
         self.down: set[int] = set()  # replicas whose last call died, until their successor answers
         self.watchers: set[asyncio.Task] = set()
         self.classes = 0
+        self.local = [False] * len(self.names)  # replicas on this node (they map shared-memory bodies)
+        self.shm = shm
+        self.shm_bodies = 0
         self.in_flight = 0
         self.draining = False
         self.decoders = Decoders(settings.busy_cores, settings.decoders)
@@ -183,6 +189,8 @@ class Ingress:
         """Every replica's ``info`` (waits for replicas still starting), with the images routed to it."""
         infos = await asyncio.gather(*(h.info.remote() for h in self.handles))
         self.speeds = [float(i["speed_ips"] or 1.0) for i in infos]
+        here = _node_id()
+        self.local = [here is not None and i.get("node") == here for i in infos]
         self.batches = [int(i["batch"]) for i in infos]
         self.classes = int(infos[0]["classes"])
         return [{**i, "images_routed": n} for i, n in zip(infos, self.routed, strict=True)]
@@ -206,20 +214,32 @@ class Ingress:
             return _busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve --max-queue)")
         self.in_flight += 1
         released = False
+        shared: list[ShmBody] = []
 
         def release() -> None:
             nonlocal released
             if not released:
                 released = True
                 self.in_flight -= 1
+                for body in shared:
+                    body.remove()
+
+        def buffer(length: int) -> memoryview | None:
+            """An .npy body goes into shared memory, for replicas of this node to map (``shm``)."""
+            if media != rq.NPY_TYPE or not self.shm or (body := shm_body(length)) is None:
+                return None
+            shared.append(body)
+            self.shm_bodies += 1
+            return body.view
 
         async def run(body: memoryview) -> Reply:
             try:
-                return await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body))
+                return await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body,
+                                                       shared[0] if shared else None))
             finally:
                 release()
 
-        return Admitted(run, release)
+        return Admitted(run, release, buffer)
 
     def error(self, status: int, reason: str) -> Reply:
         """The listener's own refusals (a malformed request, headers too long, a stalled body)."""
@@ -239,10 +259,11 @@ class Ingress:
             infos = await asyncio.wait_for(self.replicas(), INFO_TIMEOUT_S)
         except Exception as exc:  # a replica still starting (or restarting) does not answer in time
             return _busy(f"not ready: a replica did not answer within {INFO_TIMEOUT_S:g} s ({type(exc).__name__})")
-        return _json({"ready": True, "replicas": infos, "ingress": {"pid": os.getpid()},
+        return _json({"ready": True, "replicas": infos, "ingress": {"pid": os.getpid(), "shm_bodies": self.shm_bodies},
                       "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
 
-    async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview) -> Reply:
+    async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview,
+                       shared: ShmBody | None) -> Reply:
         try:
             if len(body) > self.settings.max_body:  # a chunked body is refused by the listener before this
                 raise rq.BadRequest(413, rq.too_large(len(body), self.settings.max_body))
@@ -255,7 +276,7 @@ class Ingress:
         except rq.BadRequest as exc:
             return _json({"error": exc.reason}, exc.status, exc.headers)
         try:
-            outputs = await self._run(images)
+            outputs = await self._run(images, shared)
         except NoReplica as exc:
             return _busy(str(exc))
         except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
@@ -267,25 +288,27 @@ class Ingress:
             return _json(rq.outputs_body(outputs), 200)
         return _json(rq.predict_body(outputs[0], with_logits), 200)
 
-    async def _run(self, images: np.ndarray) -> np.ndarray:
+    async def _run(self, images: np.ndarray, shared: ShmBody | None = None) -> np.ndarray:
         if not self.speeds:
             async with self.learned:
                 if not self.speeds:
                     await self.replicas()
         if len(images) == 0:
             return np.zeros((0, self.classes), np.float32)
-        return await self._send(images, set(), 0)
+        return await self._send(images, set(), 0, shared)
 
-    async def _send(self, images: np.ndarray, skip: set[int], attempt: int) -> np.ndarray:
+    async def _send(self, images: np.ndarray, skip: set[int], attempt: int,
+                    shared: ShmBody | None = None) -> np.ndarray:
         """The images' outputs, shared between the replicas (not ``skip`` nor one that is down, while
         another is left) in chunks of at most each one's batch."""
         chunks = share(len(images), self.pending, self.speeds, self.batches, skip=self.down | skip)
         starts = np.cumsum([0] + [n for _, n in chunks])
-        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt)
+        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt, shared)
                                       for k, (i, _) in enumerate(chunks)))
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
-    async def _chunk(self, replica: int, images: np.ndarray, attempt: int) -> np.ndarray:
+    async def _chunk(self, replica: int, images: np.ndarray, attempt: int,
+                     shared: ShmBody | None = None) -> np.ndarray:
         """One chunk's outputs. When its replica dies under it, the chunk is shared again between the
         others (re-cut to their batches) or, with none left, sent to the replica Serve starts in its
         place (a call waits for it)."""
@@ -296,7 +319,7 @@ class Ingress:
             await asyncio.sleep(RETRY_DELAY_S * attempt / RETRIES)
         self.pending[replica] += len(images)
         try:
-            out = await self.handles[replica].infer.remote(images)
+            out = await self.handles[replica].infer.remote(self._payload(replica, images, shared))
             self.routed[replica] += len(images)
             self.images_metric.inc(len(images), tags={"target": self.names[replica]})
             return out
@@ -309,7 +332,14 @@ class Ingress:
             self.pending[replica] -= len(images)
         if attempt + 1 >= RETRIES:
             raise NoReplica(f"no replica answered after {RETRIES} attempts (last: {failure}); retry")
-        return await self._send(images, {replica}, attempt + 1)
+        return await self._send(images, {replica}, attempt + 1, shared)
+
+    def _payload(self, replica: int, images: np.ndarray, shared: ShmBody | None) -> np.ndarray | ShmImages:
+        """Where the images lie in shared memory, for a replica of this node; else the images themselves."""
+        if shared is not None and self.local[replica]:
+            with contextlib.suppress(ValueError):  # not a view of the body (an .npy that was converted)
+                return shared.locate(images)
+        return images
 
     def _mark_down(self, replica: int) -> None:
         """No new chunks for ``replica`` (unless no other is left) until its successor answers."""
@@ -321,6 +351,8 @@ class Ingress:
             with contextlib.suppress(Exception):  # died again: its next failed chunk marks it down again
                 info = await self.handles[replica].info.remote()  # waits for the replica Serve starts
                 self.speeds[replica] = float(info["speed_ips"] or 1.0)
+                here = _node_id()  # the successor may be on another node
+                self.local[replica] = here is not None and info.get("node") == here
             self.down.discard(replica)
 
         self.watchers.add(task := asyncio.get_running_loop().create_task(back()))
@@ -333,6 +365,16 @@ def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = No
 
 def _busy(reason: str) -> Reply:
     return _json({"error": reason}, 503, {"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _node_id() -> str | None:
+    """This process's Ray node (None outside Ray: unit tests)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:
+        return None
 
 
 def _nothing() -> None:
@@ -350,7 +392,8 @@ class ListeningIngress(Ingress):
     process Serve starts again after a crash listens again)."""
 
     def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
-        super().__init__(settings, **replicas)
+        super().__init__(settings, shm=True, **replicas)
+        remove_stale()  # bodies of an ingress process that died
         self.listener = Listener(self, bind_shared(settings.host, settings.port), settings.max_body,
                                  body_timeout_s=settings.request_timeout_s)
 

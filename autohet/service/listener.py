@@ -93,10 +93,13 @@ class Reply:
 
 @dataclass
 class Admitted:
-    """A request let in on its head: ``run(body)`` answers it; ``release()`` if its body never comes."""
+    """A request let in on its head: ``run(body)`` answers it; ``release()`` if its body never comes;
+    ``buffer(length)``, where given, is the memory its Content-Length body is read into (None: the
+    server's own)."""
 
     run: Callable[[memoryview], Awaitable[Reply]]
     release: Callable[[], None]
+    buffer: Callable[[int], memoryview | None] | None = None
 
 
 class App(Protocol):
@@ -284,7 +287,9 @@ class _Connection(asyncio.BufferedProtocol):
             self._continue()
             self._parse_chunks()
             return
-        self.body = memoryview(np.empty(request.length or 0, np.uint8))
+        length = request.length or 0
+        given = verdict.buffer(length) if verdict.buffer is not None and length else None
+        self.body = given if given is not None else memoryview(np.empty(length, np.uint8))
         first = self._take(len(self.body))
         self.body[: len(first)] = first
         self.got = len(first)

@@ -1,0 +1,63 @@
+"""Request bodies in shared memory (``autohet.service.shm``), without Ray: a chunk located in a body
+opens as the same images in another process, the file goes when the request is done, and where
+/dev/shm has no room the ingress keeps the body itself."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+
+from autohet.service import shm
+
+pytestmark = pytest.mark.skipif(not shm.SHM_DIR.is_dir(), reason="no /dev/shm on this machine")
+
+
+def _sum_in_child(ref: shm.ShmImages, conn) -> None:
+    conn.send(float(ref.open().astype(np.float64).sum()))
+
+
+def test_a_chunk_of_a_body_opens_as_the_same_images_in_another_process():
+    images = np.random.default_rng(0).integers(0, 256, (10, 3, 8, 8), dtype=np.uint8)
+    header = 128
+    body = shm.shm_body(header + images.nbytes)
+    assert body is not None and os.path.exists(body.path)
+    body.view[header:] = images.tobytes()
+    array = np.frombuffer(body.view, np.uint8, offset=header).reshape(images.shape)
+    chunk = array[3:7]
+    ref = body.locate(chunk)
+    assert (ref.offset, ref.shape, ref.dtype) == (header + 3 * 192, (4, 3, 8, 8), "|u1")
+    parent, child = multiprocessing.get_context("spawn").Pipe(duplex=False)
+    proc = multiprocessing.get_context("spawn").Process(target=_sum_in_child, args=(ref, child))
+    proc.start()
+    assert parent.recv() == float(images[3:7].astype(np.float64).sum())
+    proc.join(30)
+    opened = ref.open()
+    assert np.array_equal(opened, images[3:7]) and opened.flags.writeable  # copy on write: never changes the file
+    opened[0] = 0
+    assert np.array_equal(array[3:7], images[3:7])
+    body.remove()
+    body.remove()  # twice: no error
+    assert not os.path.exists(body.path)
+    assert np.array_equal(opened[1:], images[4:7])  # a mapping outlives the file
+    with pytest.raises(ValueError):
+        body.locate(np.zeros((2, 3, 8, 8), np.uint8))  # not a view of the body
+
+
+def test_no_room_in_dev_shm_keeps_the_body_in_the_ingress(monkeypatch):
+    monkeypatch.setattr(shm, "SHM_RESERVE", 1 << 62)
+    assert shm.shm_body(1000) is None
+
+
+def test_bodies_of_a_dead_ingress_are_removed_and_a_living_ones_kept():
+    proc = multiprocessing.get_context("spawn").Process(target=int)
+    proc.start()
+    proc.join()
+    dead = shm.SHM_DIR / f"{shm.PREFIX}{proc.pid}-0"
+    dead.write_bytes(b"x")
+    mine = shm.shm_body(10)
+    assert mine is not None
+    assert shm.remove_stale() >= 1 and not dead.exists() and os.path.exists(mine.path)
+    mine.remove()
