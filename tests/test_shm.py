@@ -61,3 +61,34 @@ def test_bodies_of_a_dead_ingress_are_removed_and_a_living_ones_kept():
     assert mine is not None
     assert shm.remove_stale() >= 1 and not dead.exists() and os.path.exists(mine.path)
     mine.remove()
+
+
+def test_a_pool_reuses_its_bodies_and_a_replica_its_mappings():
+    """A kept body is the next request's (its pages stay allocated); a replica's kept mapping sees the
+    new body in the same file, and a new file at the same path is mapped again."""
+    pool = shm.BodyPool(keep=1)
+    first = pool.take(1000)
+    assert first is not None
+    first.view[:] = b"a" * 1000
+    ref = first.locate(np.frombuffer(first.view, np.uint8))
+    assert bytes(ref.open()[:3]) == b"aaa"
+    pool.give_back(first)
+    again = pool.take(600)
+    assert again is first and len(again.view) == 600  # reused, for a smaller body
+    again.view[:] = b"b" * 600
+    assert bytes(ref.open()[:3]) == b"bbb"  # the kept mapping reads the new body
+    bigger, other = pool.take(5000), pool.take(10)
+    assert bigger is not None and other is not None and bigger is not first and other is not first
+    pool.give_back(again)
+    pool.give_back(other)  # over ``keep``: removed
+    assert not os.path.exists(other.path) and os.path.exists(first.path)
+    path = first.path
+    pool.close()
+    assert not os.path.exists(path)
+    with open(path, "wb") as f:  # another file where the kept mapping's was
+        f.write(b"c" * 1000)
+    try:
+        assert bytes(ref.open()[:3]) == b"ccc"
+    finally:
+        os.unlink(path)
+    bigger.remove()

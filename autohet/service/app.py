@@ -41,7 +41,7 @@ from autohet.service import requests as rq
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
-from autohet.service.shm import ShmBody, ShmImages, remove_stale, shm_body
+from autohet.service.shm import BodyPool, ShmBody, ShmImages, remove_stale
 from autohet.service.stream import RequestStream
 
 __all__ = ["IngressSettings", "build_app"]
@@ -141,6 +141,7 @@ class IngressSettings:
     busy_cores: frozenset[int]
     decoders: int
     request_timeout_s: float
+    service: str = ""  # names its shared-memory bodies, for the driver to remove them at the end
 
 
 class NoReplica(Exception):
@@ -167,7 +168,7 @@ class Ingress:
         self.watchers: set[asyncio.Task] = set()
         self.classes = 0
         self.local = [False] * len(self.names)  # replicas on this node (they map shared-memory bodies)
-        self.shm = shm
+        self.bodies = BodyPool(settings.max_queue, settings.service) if shm else None  # at most max_queue are in flight
         self.shm_bodies = 0
         self.in_flight = 0
         self.draining = False
@@ -222,11 +223,11 @@ class Ingress:
                 released = True
                 self.in_flight -= 1
                 for body in shared:
-                    body.remove()
+                    self.bodies.give_back(body)
 
         def buffer(length: int) -> memoryview | None:
             """An .npy body goes into shared memory, for replicas of this node to map (``shm``)."""
-            if media != rq.NPY_TYPE or not self.shm or (body := shm_body(length)) is None:
+            if media != rq.NPY_TYPE or self.bodies is None or (body := self.bodies.take(length)) is None:
                 return None
             shared.append(body)
             self.shm_bodies += 1
@@ -401,6 +402,8 @@ class ListeningIngress(Ingress):
         listener = getattr(self, "listener", None)
         if listener is not None:
             listener.stop()
+        if getattr(self, "bodies", None) is not None:
+            self.bodies.close()
 
 
 class Control:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -108,6 +109,7 @@ class Service:
         self._owns_ray = False
         self._serve_started = False
         self._reserved: socket.socket | None = None
+        self.service_tag = f"s{os.getpid()}"  # names the ingresses' shared-memory bodies (``shm``)
 
     @property
     def url(self) -> str:
@@ -160,7 +162,8 @@ class Service:
         self.ingresses = ingress_count(free, opts.ingress_procs)
         self.queue_share = max(1, opts.max_queue // self.ingresses)
         settings = IngressSettings(opts.host, opts.port, config.model.name, shape, prep, self.queue_share,
-                                   opts.max_body, busy, max(1, free // self.ingresses), opts.request_timeout_s)
+                                   opts.max_body, busy, max(1, free // self.ingresses), opts.request_timeout_s,
+                                   self.service_tag)
         app = build_app(config, specs, settings, self.ingresses, opts.batch_wait_ms / 1000.0, driver_node)
         try:
             self.ingress = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=_QUIET)
@@ -204,6 +207,9 @@ class Service:
                 serve.shutdown()
             if self._owns_ray:
                 ray.shutdown()
+        from autohet.service.shm import remove_service
+
+        remove_service(self.service_tag)  # the ingresses' shared-memory bodies (the ingresses are gone)
         self.ingress = None
 
     def describe(self) -> list[str]:

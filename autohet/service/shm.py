@@ -6,7 +6,8 @@ and fetched by the replica (BENCHMARKS.md §21). Here the ingress's HTTP server 
 straight into a file of its own under ``/dev/shm``; a replica on the same node is sent only where
 the images lie in it (``ShmImages``: the file, offset, shape and dtype) and maps it; a replica on
 another node is sent the array as before. The ingress removes the file once the request is
-answered (a replica's mapping stays valid until it lets go of the images).
+answered, or keeps it for the next body (``BodyPool``: a fresh file per request paid a page fault and
+the zeroing of each 4 KiB page in the ingress's event loop); a replica keeps its mappings too.
 
 A body goes this way only where ``/dev/shm`` has room for it beside ``SHM_RESERVE`` (a container's
 default ``/dev/shm`` is 64 MB: writing past it would kill the process with SIGBUS); otherwise it is
@@ -19,12 +20,13 @@ import contextlib
 import itertools
 import mmap
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ShmBody", "ShmImages", "remove_stale", "shm_body"]
+__all__ = ["BodyPool", "ShmBody", "ShmImages", "remove_service", "remove_stale", "shm_body"]
 
 SHM_DIR = Path("/dev/shm")
 SHM_RESERVE = 256 << 20  # bytes left free in /dev/shm for Ray's object store and others
@@ -44,8 +46,7 @@ class ShmImages:
 
     def open(self) -> np.ndarray:
         """The images, mapped (copy on write: the file is never changed; nothing is copied unless written)."""
-        with open(self.path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = _mapped(self.path)
         count = int(np.prod(self.shape))
         return np.frombuffer(mapped, dtype=np.dtype(self.dtype), count=count, offset=self.offset).reshape(self.shape)
 
@@ -53,19 +54,24 @@ class ShmImages:
 class ShmBody:
     """One request's body in a file under /dev/shm: ``view`` is where the HTTP server reads it into."""
 
-    def __init__(self, size: int) -> None:
-        self.path = str(SHM_DIR / f"{PREFIX}{os.getpid()}-{next(_serial)}")
+    def __init__(self, size: int, service: str = "") -> None:
+        self.path = str(SHM_DIR / f"{PREFIX}{os.getpid()}-{service}-{next(_serial)}")
+        self.capacity = max(size, 1)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, max(size, 1))
-            self.mapped = mmap.mmap(fd, max(size, 1))
+            os.ftruncate(fd, self.capacity)
+            self.mapped = mmap.mmap(fd, self.capacity)
         except BaseException:
             os.close(fd)
             os.unlink(self.path)
             raise
         os.close(fd)
-        self.view = memoryview(self.mapped)[:size]
         self.base = np.frombuffer(self.mapped, dtype=np.uint8).ctypes.data
+        self.use(size)
+
+    def use(self, size: int) -> None:
+        """The next body, of ``size`` bytes (at most ``capacity``), goes at the start of the file."""
+        self.view = memoryview(self.mapped)[:size]
 
     def locate(self, images: np.ndarray) -> ShmImages:
         """``images`` (a view of this body) as a reference a replica of this node opens."""
@@ -80,7 +86,54 @@ class ShmBody:
             os.unlink(self.path)
 
 
-def shm_body(size: int) -> ShmBody | None:
+class BodyPool:
+    """Bodies kept for the next requests (at most ``keep``): their pages stay allocated in /dev/shm."""
+
+    def __init__(self, keep: int, service: str = "") -> None:
+        self.keep, self.service = keep, service
+        self.free: list[ShmBody] = []
+
+    def take(self, size: int) -> ShmBody | None:
+        """The smallest kept body that holds ``size`` bytes, else a new one (None: no room in /dev/shm)."""
+        fits = [b for b in self.free if b.capacity >= size]
+        if not fits:
+            return shm_body(size, self.service)
+        body = min(fits, key=lambda b: b.capacity)
+        self.free.remove(body)
+        body.use(size)
+        return body
+
+    def give_back(self, body: ShmBody) -> None:
+        if len(self.free) < self.keep:
+            self.free.append(body)
+        else:
+            body.remove()
+
+    def close(self) -> None:
+        while self.free:
+            self.free.pop().remove()
+
+
+_MAPS: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
+MAPS_KEPT = 128  # a replica's mappings of bodies, most recent first (7 ingresses keep 18 bodies each by default)
+
+
+def _mapped(path: str) -> mmap.mmap:
+    """``path`` mapped, the mapping kept while the file is the same (its inode and size)."""
+    with open(path, "rb") as f:
+        stat = os.fstat(f.fileno())
+        kept = _MAPS.get(path)
+        if kept is not None and kept[:2] == (stat.st_ino, stat.st_size):
+            _MAPS.move_to_end(path)
+            return kept[2]
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    _MAPS[path] = (stat.st_ino, stat.st_size, mapped)
+    if len(_MAPS) > MAPS_KEPT:
+        _MAPS.popitem(last=False)  # closed once its images are dropped
+    return mapped
+
+
+def shm_body(size: int, service: str = "") -> ShmBody | None:
     """A shared-memory body of ``size`` bytes, or None where /dev/shm lacks room (or is missing)."""
     try:
         stats = os.statvfs(SHM_DIR)
@@ -89,9 +142,20 @@ def shm_body(size: int) -> ShmBody | None:
     if stats.f_bavail * stats.f_frsize < size + SHM_RESERVE:
         return None
     try:
-        return ShmBody(size)
+        return ShmBody(size, service)
     except OSError:
         return None
+
+
+def remove_service(service: str) -> int:
+    """Removes every body of the service ``service`` names (its driver's, once its ingresses are gone)."""
+    removed = 0
+    if service:
+        for path in SHM_DIR.glob(f"{PREFIX}*-{service}-*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def remove_stale() -> int:
