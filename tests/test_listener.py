@@ -174,6 +174,9 @@ def test_a_refused_body_is_read_past_and_the_connection_goes_on(served):
     (b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501),
     (b"POST /x HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", 400),
     (b"GET /x HTTP/1.1\r\nx-big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
+    ("POST /x HTTP/1.1\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), 400),
+    (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n-100000\r\nabc\r\n", 400),
+    (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0x10\r\nabc\r\n", 400),
 ])
 def test_a_malformed_request_gets_its_4xx_and_the_connection_closes(served, request_bytes, status):
     _, port = served
@@ -210,6 +213,29 @@ def test_a_client_that_half_closes_gets_its_answer_and_http_1_0_is_closed_after_
             assert _readers[s.fileno()].read(10) == b""
 
 
+def test_many_pipelined_requests_and_a_half_close_after_them_are_all_answered(served):
+    """Pipelined requests are parsed one per turn of the loop (no recursion per request), refused ones
+    included; a client that half-closes after sending them still gets every answer."""
+    _, port = served
+    with _raw(port) as s:
+        s.sendall(b"GET /refuse HTTP/1.1\r\n\r\n" * 300 + b"GET /last HTTP/1.1\r\n\r\n")
+        s.shutdown(socket.SHUT_WR)
+        statuses = [_read_answer(s)[0] for _ in range(301)]
+        assert statuses == [503] * 300 + [200]
+        assert _readers[s.fileno()].read(10) == b""
+
+
+def test_a_refused_head_request_gets_no_body_and_http_1_0_keep_alive_is_said(served):
+    _, port = served
+    with _raw(port) as s:
+        s.sendall(b"HEAD /refuse HTTP/1.1\r\n\r\nGET /ok HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+        reader = _readers.setdefault(s.fileno(), s.makefile("rb"))
+        head = b"".join(iter(reader.readline, b"\r\n"))
+        assert head.startswith(b"HTTP/1.1 503") and b"content-length: " in head  # the headers, no body
+        status, headers, _ = _read_answer(s)
+        assert status == 200 and headers["connection"] == "keep-alive"
+
+
 def test_a_body_that_stops_coming_gets_408_and_one_cut_off_is_released(served):
     app, port = served
     with _raw(port) as s:
@@ -218,6 +244,8 @@ def test_a_body_that_stops_coming_gets_408_and_one_cut_off_is_released(served):
         status, _, body = _read_answer(s)
         assert status == 408 and "stopped coming" in json.loads(body)["error"]
         assert time.perf_counter() - started < 5
+        assert _readers[s.fileno()].read(10) == b""  # and the connection is closed after it, not left open
+        assert time.perf_counter() - started < 8
     with _raw(port) as s:
         s.sendall(b"POST /x HTTP/1.1\r\ncontent-length: 100\r\n\r\nonly some")
         time.sleep(0.2)

@@ -41,7 +41,7 @@ from autohet.service import requests as rq
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
-from autohet.service.shm import BodyPool, ShmBody, ShmImages, remove_stale
+from autohet.service.shm import BodyPool, ShmBody, ShmImages
 from autohet.service.stream import RequestStream
 
 __all__ = ["IngressSettings", "build_app"]
@@ -217,13 +217,18 @@ class Ingress:
         released = False
         shared: list[ShmBody] = []
 
-        def release() -> None:
+        def release(answered: bool = False) -> None:
+            """Out of the queue; its shared body kept for the next request only once answered in full
+            (after a failure or a timeout a replica may still be reading it: removed)."""
             nonlocal released
             if not released:
                 released = True
                 self.in_flight -= 1
                 for body in shared:
-                    self.bodies.give_back(body)
+                    if answered and self.bodies is not None:
+                        self.bodies.give_back(body)
+                    else:
+                        body.remove()
 
         def buffer(length: int) -> memoryview | None:
             """An .npy body goes into shared memory, for replicas of this node to map (``shm``)."""
@@ -234,11 +239,13 @@ class Ingress:
             return body.view
 
         async def run(body: memoryview) -> Reply:
+            reply = None
             try:
-                return await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body,
-                                                       shared[0] if shared else None))
+                reply = await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body,
+                                                        shared[0] if shared else None))
+                return reply
             finally:
-                release()
+                release(answered=reply is not None and reply.status == 200)
 
         return Admitted(run, release, buffer)
 
@@ -394,7 +401,6 @@ class ListeningIngress(Ingress):
 
     def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
         super().__init__(settings, shm=True, **replicas)
-        remove_stale()  # bodies of an ingress process that died
         self.listener = Listener(self, bind_shared(settings.host, settings.port), settings.max_body,
                                  body_timeout_s=settings.request_timeout_s)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = ["Admitted", "App", "Head", "Listener", "Reply", "bind_shared", "parse
 log = logging.getLogger("autohet.service")
 
 HEAD_LIMIT = 64 * 1024  # request line and headers
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
 CHUNK_READ = 256 * 1024  # reads of a chunked or dropped body
 TICK_S = 0.5  # how often a connection checks its timeouts
 LINGER_S = 2.0  # how long a closing connection reads and drops what the client still sends
@@ -86,8 +88,7 @@ class Reply:
     def encode(self, keep_alive: bool, head_only: bool = False) -> bytes:
         lines = [f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}", f"content-type: {self.content_type}",
                  f"content-length: {len(self.body)}", *(f"{k}: {v}" for k, v in self.headers.items())]
-        if not keep_alive:
-            lines.append("connection: close")
+        lines.append("connection: keep-alive" if keep_alive else "connection: close")  # said for HTTP/1.0
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (b"" if head_only else self.body)
 
 
@@ -136,7 +137,7 @@ def parse_head(raw: bytes) -> Head:
             raise BadHead(400, "both Content-Length and a chunked transfer-encoding; send one of them")
     else:
         declared = headers.get("content-length", "0")
-        if not declared.isdigit():
+        if not (declared.isascii() and declared.isdigit()):
             raise BadHead(400, f"Content-Length {declared!r} is not a number of bytes")
         length = int(declared)
     target, _, query = parts[1].decode("latin-1").partition("?")
@@ -244,8 +245,9 @@ class _Connection(asyncio.BufferedProtocol):
                 self.transport.pause_reading()  # pipelined requests fill the head buffer: wait
 
     def eof_received(self) -> bool:
-        """The client sent all it will: a request being answered still gets its answer, then the close."""
-        if self.state == "busy":
+        """The client sent all it will: the requests it sent (one being answered, pipelined ones) still
+        get their answers, then the connection closes."""
+        if self.state == "busy" or (self.state == "head" and self.filled):
             self.half_closed = True
             return True
         return False
@@ -288,7 +290,11 @@ class _Connection(asyncio.BufferedProtocol):
             self._parse_chunks()
             return
         length = request.length or 0
-        given = verdict.buffer(length) if verdict.buffer is not None and length else None
+        try:
+            given = verdict.buffer(length) if verdict.buffer is not None and length else None
+        except Exception:  # the app's memory for the body failed: the server's own
+            log.exception("autohet serve: a body's buffer failed")
+            given = None
         self.body = given if given is not None else memoryview(np.empty(length, np.uint8))
         first = self._take(len(self.body))
         self.body[: len(first)] = first
@@ -321,7 +327,7 @@ class _Connection(asyncio.BufferedProtocol):
         assert request is not None
         self.refusal = reply
         if request.chunked or request.expects_continue or (request.length or 0) > 2 * self.listener.max_body:
-            self._write(reply, keep_alive=False)  # not read: the connection closes after the answer
+            self._write(reply, keep_alive=False, head_only=request.method == "HEAD")  # not read: then closed
             return
         self.got = (request.length or 0) - len(self._take(request.length or 0))
         if self.got == 0:
@@ -331,7 +337,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _answer_refusal(self) -> None:
         assert self.refusal is not None and self.request is not None
-        self._write(self.refusal, keep_alive=self.request.keep_alive)
+        self._write(self.refusal, keep_alive=self.request.keep_alive, head_only=self.request.method == "HEAD")
         self.refusal = None
         self._next()
 
@@ -345,14 +351,15 @@ class _Connection(asyncio.BufferedProtocol):
                     self._fail(400, "a malformed chunk size line in a chunked body")
                 return
             size_text = bytes(framing[:line_end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
+            if not _HEX.fullmatch(size_text):
                 self._fail(400, f"a malformed chunk size {size_text[:20]!r} in a chunked body")
                 return
+            size = int(size_text, 16)
             if size == 0:  # the last chunk, then trailers up to an empty line
                 end = framing.find(b"\r\n\r\n", line_end)
                 if end < 0:
+                    if len(framing) > HEAD_LIMIT:
+                        self._fail(431, f"a chunked body's trailers are over {HEAD_LIMIT} bytes")
                     return
                 rest = bytes(framing[end + 4 :])
                 self.head[: len(rest)] = rest
@@ -374,8 +381,11 @@ class _Connection(asyncio.BufferedProtocol):
             del framing[: line_end + 2 + size + 2]
 
     def _run(self, body: memoryview) -> None:
-        """The admitted request's answer, on a task; no reading meanwhile (pipelined bytes wait)."""
+        """The admitted request's answer, on a task; bytes of pipelined requests are read into ``head``
+        meanwhile until it is full, then reading pauses until the answer is written."""
         self.state = "busy"
+        if self.filled >= len(self.head) and self.transport is not None:
+            self.transport.pause_reading()
         admitted, request = self.admitted, self.request
         assert admitted is not None and request is not None
         self.admitted = None
@@ -396,13 +406,17 @@ class _Connection(asyncio.BufferedProtocol):
         """The connection's next request (already in ``head`` if pipelined), or its close."""
         if self.state in ("closed", "linger") or self.transport is None or self.transport.is_closing():
             return
-        if self.listener.stopping or self.half_closed:
+        if self.listener.stopping or (self.half_closed and not self.filled):
             self.transport.close()
             return
         self.state, self.request, self.body, self.got = "head", None, memoryview(b""), 0
         self.last = self.loop.time()  # the keep-alive wait starts now, not when the request's bytes came
         self.transport.resume_reading()
-        if self.filled:
+        if self.filled:  # a pipelined request: parsed on the loop's next turn (no recursion per request)
+            self.loop.call_soon(self._parse_pipelined)
+
+    def _parse_pipelined(self) -> None:
+        if self.state == "head" and self.filled:
             self._parse_head()
 
     def _write(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> None:
@@ -430,24 +444,25 @@ class _Connection(asyncio.BufferedProtocol):
         if self.admitted is not None:
             self.admitted.release()
             self.admitted = None
-        self._write(self.listener.app.error(status, reason), keep_alive=False)
+        head_only = self.request is not None and self.request.method == "HEAD"
+        self._write(self.listener.app.error(status, reason), keep_alive=False, head_only=head_only)
 
     def _tick(self) -> None:
         """Closes an idle connection after ``keep_alive_s``; a request whose bytes stop coming gets 408."""
         if self.state == "closed" or self.transport is None:
             return
         idle = self.loop.time() - self.last
-        if self.state == "head" and self.filled == 0 and idle > self.listener.keep_alive_s:
+        waiting = self.state == "head" and self.filled == 0  # between requests: keep-alive's limit only
+        if waiting and idle > self.listener.keep_alive_s:
             self.transport.close()
             return
         if self.state == "linger":
             if self.loop.time() - self.linger_since > LINGER_S:
                 self.transport.close()
                 return
-        elif self.state != "busy" and idle > self.listener.body_timeout_s:
+        elif self.state != "busy" and not waiting and idle > self.listener.body_timeout_s:
             self._fail(408, f"the request's bytes stopped coming for {idle:.0f} s; send the whole request")
-            return
-        self.timer = self.loop.call_later(TICK_S, self._tick)
+        self.timer = self.loop.call_later(TICK_S, self._tick)  # a lingering close still ends on time
 
     def close_if_idle(self) -> None:
         if self.state == "head" and self.filled == 0 and self.transport is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -109,7 +110,8 @@ class Service:
         self._owns_ray = False
         self._serve_started = False
         self._reserved: socket.socket | None = None
-        self.service_tag = f"s{os.getpid()}"  # names the ingresses' shared-memory bodies (``shm``)
+        # names the ingresses' shared-memory bodies (``shm``): this driver's, unlike any other's on the machine
+        self.service_tag = f"s{os.getpid()}x{secrets.token_hex(4)}"
 
     @property
     def url(self) -> str:

@@ -6,12 +6,17 @@ and fetched by the replica (BENCHMARKS.md §21). Here the ingress's HTTP server 
 straight into a file of its own under ``/dev/shm``; a replica on the same node is sent only where
 the images lie in it (``ShmImages``: the file, offset, shape and dtype) and maps it; a replica on
 another node is sent the array as before. The ingress removes the file once the request is
-answered, or keeps it for the next body (``BodyPool``: a fresh file per request paid a page fault and
-the zeroing of each 4 KiB page in the ingress's event loop); a replica keeps its mappings too.
+answered, or keeps it for the next body once it was answered in full (``BodyPool``: a fresh file per
+request paid a page fault and the zeroing of each 4 KiB page in the ingress's event loop); a body whose
+request failed or timed out is removed, not kept, since a replica may still be reading it. A replica
+keeps its mappings too (shared and writable, so that pinning one for a GPU's copy in place never makes
+a private, stale copy of a page; nothing writes them). The driver removes its service's bodies when
+it stops; a service killed outright leaves them under /dev/shm (``autohet-body-*``).
 
-A body goes this way only where ``/dev/shm`` has room for it beside ``SHM_RESERVE`` (a container's
-default ``/dev/shm`` is 64 MB: writing past it would kill the process with SIGBUS); otherwise it is
-read into the ingress's own memory, as before.
+A body goes this way only where ``/dev/shm`` has room for it beside ``SHM_RESERVE`` and its pages can
+be allocated up front (``posix_fallocate``: a container's default ``/dev/shm`` is 64 MB, and writing
+past a full tmpfs would kill the process with SIGBUS); otherwise it is read into the ingress's own
+memory, as before.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BodyPool", "ShmBody", "ShmImages", "remove_service", "remove_stale", "shm_body"]
+__all__ = ["BodyPool", "ShmBody", "ShmImages", "remove_service", "shm_body"]
 
 SHM_DIR = Path("/dev/shm")
 SHM_RESERVE = 256 << 20  # bytes left free in /dev/shm for Ray's object store and others
@@ -45,7 +50,7 @@ class ShmImages:
     dtype: str
 
     def open(self) -> np.ndarray:
-        """The images, mapped (copy on write: the file is never changed; nothing is copied unless written)."""
+        """The images: a live view of the body's file (nothing copied; the replica does not write it)."""
         mapped = _mapped(self.path)
         count = int(np.prod(self.shape))
         return np.frombuffer(mapped, dtype=np.dtype(self.dtype), count=count, offset=self.offset).reshape(self.shape)
@@ -59,7 +64,7 @@ class ShmBody:
         self.capacity = max(size, 1)
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, self.capacity)
+            os.posix_fallocate(fd, 0, self.capacity)  # ENOSPC here, not SIGBUS at a write
             self.mapped = mmap.mmap(fd, self.capacity)
         except BaseException:
             os.close(fd)
@@ -100,6 +105,8 @@ class BodyPool:
             return shm_body(size, self.service)
         body = min(fits, key=lambda b: b.capacity)
         self.free.remove(body)
+        if not os.path.exists(body.path):  # removed from outside: its mappings would not find it
+            return self.take(size)
         body.use(size)
         return body
 
@@ -120,13 +127,15 @@ MAPS_KEPT = 128  # a replica's mappings of bodies, most recent first (7 ingresse
 
 def _mapped(path: str) -> mmap.mmap:
     """``path`` mapped, the mapping kept while the file is the same (its inode and size)."""
-    with open(path, "rb") as f:
+    with open(path, "r+b") as f:
         stat = os.fstat(f.fileno())
         kept = _MAPS.get(path)
         if kept is not None and kept[:2] == (stat.st_ino, stat.st_size):
             _MAPS.move_to_end(path)
             return kept[2]
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        mapped = mmap.mmap(f.fileno(), 0)  # shared: pinning it in place never copies a page aside
+    for gone in [p for p in _MAPS if not os.path.exists(p)]:  # removed bodies' memory is let go
+        del _MAPS[gone]
     _MAPS[path] = (stat.st_ino, stat.st_size, mapped)
     if len(_MAPS) > MAPS_KEPT:
         _MAPS.popitem(last=False)  # closed once its images are dropped
@@ -156,25 +165,3 @@ def remove_service(service: str) -> int:
                 path.unlink()
                 removed += 1
     return removed
-
-
-def remove_stale() -> int:
-    """Removes bodies left by ingress processes that died (their pid gone); how many."""
-    removed = 0
-    for path in SHM_DIR.glob(f"{PREFIX}*"):
-        pid = path.name[len(PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                path.unlink()
-                removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
