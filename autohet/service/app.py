@@ -12,7 +12,8 @@ control deployment for the driver.
   processes; bodies read straight into one array each), so that bodies are read by as many processes
   as the config leaves cores for, not through Serve's one HTTP proxy. A request is refused on its head
   (``Ingress.begin``: route, content type, declared size, past ``max_queue`` requests in flight 503
-  with Retry-After) or admitted, its body then read and parsed. Decoding on the cores the config
+  with Retry-After) or admitted, its body then read and parsed (an ``.npy`` body into shared memory
+  that the replicas of this node map: ``shm``). Decoding on the cores the config
   leaves free (``runtime.images.Decoders``), images shared between replicas by speed
   (``routing.share``). A chunk whose replica dies mid-request is sent again to another replica (or
   to the one Serve starts in its place): an admitted request is answered or refused, never lost.
