@@ -24,6 +24,13 @@ def test_a_chunk_of_a_body_opens_as_the_same_images_in_another_process():
     header = 128
     body = shm.shm_body(header + images.nbytes)
     assert body is not None and os.path.exists(body.path)
+    try:
+        _chunk_in_another_process(body, images, header)
+    finally:
+        body.remove()
+
+
+def _chunk_in_another_process(body: shm.ShmBody, images: np.ndarray, header: int) -> None:
     body.view[header:] = images.tobytes()
     array = np.frombuffer(body.view, np.uint8, offset=header).reshape(images.shape)
     chunk = array[3:7]
