@@ -168,6 +168,7 @@ class Ingress:
         self.down: set[int] = set()  # replicas whose last call died, until their successor answers
         self.watchers: set[asyncio.Task] = set()
         self.classes = 0
+        self.node = _node_id()
         self.local = [False] * len(self.names)  # replicas on this node (they map shared-memory bodies)
         self.bodies = BodyPool(settings.max_queue, settings.service) if shm else None  # at most max_queue are in flight
         self.shm_bodies = 0
@@ -191,8 +192,7 @@ class Ingress:
         """Every replica's ``info`` (waits for replicas still starting), with the images routed to it."""
         infos = await asyncio.gather(*(h.info.remote() for h in self.handles))
         self.speeds = [float(i["speed_ips"] or 1.0) for i in infos]
-        here = _node_id()
-        self.local = [here is not None and i.get("node") == here for i in infos]
+        self.local = [self.node is not None and i.get("node") == self.node for i in infos]
         self.batches = [int(i["batch"]) for i in infos]
         self.classes = int(infos[0]["classes"])
         return [{**i, "images_routed": n} for i, n in zip(infos, self.routed, strict=True)]
@@ -274,8 +274,6 @@ class Ingress:
     async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview,
                        shared: ShmBody | None) -> Reply:
         try:
-            if len(body) > self.settings.max_body:  # a chunked body is refused by the listener before this
-                raise rq.BadRequest(413, rq.too_large(len(body), self.settings.max_body))
             if media == rq.NPY_TYPE:
                 images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
             else:
@@ -360,8 +358,7 @@ class Ingress:
             with contextlib.suppress(Exception):  # died again: its next failed chunk marks it down again
                 info = await self.handles[replica].info.remote()  # waits for the replica Serve starts
                 self.speeds[replica] = float(info["speed_ips"] or 1.0)
-                here = _node_id()  # the successor may be on another node
-                self.local[replica] = here is not None and info.get("node") == here
+                self.local[replica] = self.node is not None and info.get("node") == self.node  # may have moved
             self.down.discard(replica)
 
         self.watchers.add(task := asyncio.get_running_loop().create_task(back()))

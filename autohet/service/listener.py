@@ -231,13 +231,11 @@ class _Connection(asyncio.BufferedProtocol):
         elif self.state == "chunked":
             self.framing += memoryview(self.scratch)[:nbytes]
             self._parse_chunks()
-        elif self.state == "linger":
-            pass  # dropped: the answer is written, the connection closes
         elif self.state == "drain":
             self.got -= nbytes
             if self.got == 0:
                 self._answer_refusal()
-        else:
+        elif self.state != "linger":  # lingering: read into scratch and dropped, the connection closes
             self.filled += nbytes
             if self.state == "head":
                 self._parse_head()
