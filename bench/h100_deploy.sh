@@ -1,12 +1,13 @@
 #!/bin/sh
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
-#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve | small
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve | phases | small
 # runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
 # call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load and 5000 JPEGs through
 # `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
-# over HTTP, and a replica killed mid-load. small: cifarnet's peers and a default tune (issue 26's
-# small, fast model). Wheels (ray[tune,serve], optuna, mlflow) under
+# over HTTP, and a replica killed mid-load. phases: serve_load runs of one config (CONFIG, RUNS), each
+# printing where a request's time went (Server-Timing) and the replica's stream. small: cifarnet's
+# peers and a default tune (issue 26's small, fast model). Wheels (ray[tune,serve], optuna, mlflow) under
 # /root/site for tune_runtime and serve. Logs and JSON go to $OUT (packed into one tarball).
 cd "$(dirname "$0")/.."
 . bench/_h100_common.sh
@@ -72,12 +73,21 @@ case "$1" in
     t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$W/latency.yaml" --clients 1 \
       --npy-batch 1 --seconds 12 --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
     tail -8 "$W/serve_latency.log"; stop_ray ;;
+  phases)  # where a served request's time goes: serve_load runs of one config, RUNS="clients:procs:images ..."
+    stop_ray; cfg=${CONFIG:-bench/results/h100_deploy/v7/tune_runtime/tuned.yaml}
+    for run in ${RUNS:-64:4:64 128:4:64}; do
+      c=${run%%:*}; n=${run##*:}; p=${run#*:}; p=${p%%:*}; f="$W/phases_${c}_${p}_${n}"
+      log "serve $cfg: $c clients in $p processes, $n-image uint8 requests, ${SERVE_SECONDS:-15} s ${SERVE_ARGS:-}"
+      t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients $c --client-procs $p \
+        --npy-batch $n --pixels --seconds ${SERVE_SECONDS:-15} ${SERVE_ARGS:-} --out "$f.json" > "$f.log" 2>&1
+      tail -12 "$f.log"; stop_ray
+    done ;;
   small)
     stop_ray; work=/tmp/small; mkdir -p $work
     log "a small fast model (cifarnet, 32x32): peers and a default tune (--time-budget ${TUNE_BUDGET:-120})"
     t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
     tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
-  *) echo "unknown section '$1': runtime, tune_runtime, serve or small"; exit 2 ;;
+  *) echo "unknown section '$1': runtime, tune_runtime, serve, phases or small"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

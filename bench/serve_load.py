@@ -26,6 +26,13 @@ used the most CPU during the load with their busiest threads (``bench._procs``: 
 core is what bounds the service), and each replica's images per device call during the load (its
 runner's calls from ``/healthz``: far below the tuned batch, the device runs part-empty calls).
 
+Where a request's time went: the median and mean of each phase of the service's ``Server-Timing``
+answers (the body's read, its parse, the replica's queue, stream and return, Ray and Serve between
+ingress and replica, the encoding), and ``outside``: the client's round trip less those (sending
+the head, writing and reading the answer, the clients' own loop). And where a streaming replica's
+time went during the load (``/healthz``'s ``stream``): the fraction of the wall time its device
+computed (CUDA events), its stream waited for requests, and the staging per window.
+
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 30
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 64 --pixels --seconds 30
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --client-procs 4 --npy-batch 64 \
@@ -80,6 +87,7 @@ class Tally:
     rejected: int = 0  # 503 answers (each retried)
     lost: list[str] = field(default_factory=list)
     wrong: int = 0
+    phases: dict[str, list[float]] = field(default_factory=dict)  # Server-Timing, ms, of answered requests
 
     def add(self, other: Tally) -> None:
         self.latencies += other.latencies
@@ -87,6 +95,23 @@ class Tally:
         self.rejected += other.rejected
         self.lost += other.lost
         self.wrong += other.wrong
+        for name, values in other.phases.items():
+            self.phases.setdefault(name, []).extend(values)
+
+    def timed(self, header: str | None, latency_s: float) -> None:
+        """An answer's ``Server-Timing`` phases, and ``outside``: its round trip less them."""
+        if not header:
+            return
+        inside = 0.0
+        for entry in header.split(","):
+            name, _, dur = entry.strip().partition(";dur=")
+            self.phases.setdefault(name, []).append(float(dur))
+            inside += float(dur)
+        self.phases.setdefault("outside", []).append(1000 * latency_s - inside)
+
+    def phase_summary(self) -> dict[str, dict[str, float]]:
+        return {name: {"p50_ms": round(float(np.median(v)), 3), "mean_ms": round(float(np.mean(v)), 3)}
+                for name, v in self.phases.items() if v}
 
 
 def npy(array: np.ndarray) -> bytes:
@@ -186,6 +211,7 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
                             "Content-Type": bodies.kind, "Accept": bodies.accept}) as response:
                         body = await response.read()
                         status, retry = response.status, response.headers.get("Retry-After")
+                        timing = response.headers.get("Server-Timing")
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     tally.lost.append(f"{type(exc).__name__}: {exc}"[:200])
                     return
@@ -201,7 +227,8 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
                     tally.lost.append("a wrong answer")
                     return
                 tally.answered += 1
-                tally.latencies.append(time.perf_counter() - sent)
+                tally.latencies.append(latency := time.perf_counter() - sent)
+                tally.timed(timing, latency)
                 return
 
         async def client(c: int) -> None:
@@ -330,8 +357,9 @@ def stop_service(proc: subprocess.Popen) -> tuple[int, float, str]:
     return code, time.perf_counter() - start, err[-1] if err else ""
 
 
-def replica_counts(url: str) -> dict[str, tuple[int, int]]:
-    """Each replica's device calls and the images they ran so far (``/healthz``; {} if it is not 200)."""
+def replica_state(url: str) -> dict[str, dict[str, Any]]:
+    """Each replica's counters so far (``/healthz``; {} if it is not 200): device calls, the images they
+    ran, and its stream's (``StreamStats``)."""
     import urllib.request
 
     try:
@@ -339,17 +367,40 @@ def replica_counts(url: str) -> dict[str, tuple[int, int]]:
             replicas = json.loads(response.read())["replicas"]
     except (OSError, ValueError, KeyError):
         return {}
-    return {r["name"]: (int(r.get("executions", 0)), int(r.get("inferences", 0))) for r in replicas}
+    return {r["name"]: {"calls": int(r.get("executions", 0)), "images": int(r.get("inferences", 0)),
+                        **{f"stream_{k}": v for k, v in (r.get("stream") or {}).items()}} for r in replicas}
 
 
-def call_fill(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, float | None]:
+def call_fill(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, float | None]:
     """Images per device call of each replica during the load (a replica restarted meanwhile: None)."""
     fills: dict[str, float | None] = {}
-    for name, (calls, images) in after.items():
-        was_calls, was_images = before.get(name, (0, 0))
-        calls, images = calls - was_calls, images - was_images
+    for name, now in after.items():
+        calls = now["calls"] - before.get(name, {}).get("calls", 0)
+        images = now["images"] - before.get(name, {}).get("images", 0)
         fills[name] = round(images / calls, 1) if calls > 0 and images >= 0 else None
     return fills
+
+
+def stream_use(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
+               wall_s: float) -> dict[str, dict[str, float]]:
+    """Where each streaming replica's time went during the load: the fractions of the wall time its
+    device computed (``device_busy``) and its stream waited for requests (``waiting``), its windows'
+    images and staging milliseconds (a replica without a stream, or restarted meanwhile: left out)."""
+    use = {}
+    for name, now in after.items():
+        was = before.get(name, {})
+        windows = now.get("stream_windows", 0) - was.get("stream_windows", 0)
+        if windows <= 0:
+            continue
+
+        def delta(key: str, now=now, was=was) -> float:
+            return float(now.get(key, 0.0)) - float(was.get(key, 0.0))
+
+        use[name] = {"windows": windows, "images_per_window": round(delta("stream_images") / windows, 1),
+                     "device_busy": round(delta("stream_device_s") / wall_s, 3),
+                     "waiting": round(delta("stream_wait_s") / wall_s, 3),
+                     "stage_ms_per_window": round(1000 * delta("stream_stage_s") / windows, 2)}
+    return use
 
 
 def smoke_config(folder: Path) -> str:
@@ -418,11 +469,12 @@ def main() -> None:
         try:
             # cpu near 1 core a client process: the clients bound the figures, not the service
             url = f"http://127.0.0.1:{port}"
-            counts = replica_counts(url)
+            counts = replica_state(url)
             before, started = Snapshot.take(), time.perf_counter()
             tally, wall, fault, cpu = load_everywhere(url, bodies, args, figures["tolerance"])
             processes = busiest(before, Snapshot.take(), time.perf_counter() - started, top=args.cpu_top)
-            fills = call_fill(counts, replica_counts(url))
+            after = replica_state(url)
+            fills, streams = call_fill(counts, after), stream_use(counts, after, time.perf_counter() - started)
         finally:
             code, stop_s, last = stop_service(proc) if proc.poll() is None else (proc.returncode, 0.0, "")
     images = tally.answered * bodies.images
@@ -437,7 +489,7 @@ def main() -> None:
         "p99_ms": percentile_ms(tally.latencies, 99), "rejected_503": tally.rejected, "lost": len(tally.lost),
         "wrong": tally.wrong, "lost_examples": tally.lost[:5], **fault, "exit_code": code, "exit_s": round(stop_s, 2),
         "exit_line": last, "service": ready, "tuned_batch": figures["batch"], "busiest_processes": processes,
-        "images_per_call": fills,
+        "images_per_call": fills, "stream_during_load": streams, "phases": tally.phase_summary(),
     }
     if "offline_ips" in figures:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
@@ -450,6 +502,11 @@ def main() -> None:
     emit("serve_load", [row], [c for c in columns if c in row], args.out)
     print(f"images per device call during the load, by replica: {fills} (tuned batch {figures['batch']})",
           file=sys.stderr)
+    for name, use in streams.items():
+        print(f"stream of {name} during the load: {use}", file=sys.stderr)
+    if row["phases"]:
+        print("where a request's time went (ms, p50 / mean): " + ", ".join(
+            f"{k} {v['p50_ms']:.1f} / {v['mean_ms']:.1f}" for k, v in row["phases"].items()), file=sys.stderr)
     for p in processes[:6]:
         threads = ", ".join(f"{c} {u:.2f}" for c, _, u in p.get("threads", [])[:3])
         print(f"cpu: {p['cores']:.2f} cores  {p['title'][:60]}" + (f"  (threads: {threads})" if threads else ""),

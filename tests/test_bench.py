@@ -52,6 +52,9 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert row["answered"] > 0 and row["offline_ips"] > 0 and row["killed"] and row["client_procs"] == 2, row
         assert (row["lost"], row["wrong"], row["exit_code"]) == (0, 0, 143), row
         assert row["busiest_processes"] and set(row["images_per_call"]) == set(row["images_routed"]), row
+        phases = row["phases"]  # the answers' Server-Timing, and the clients' round trip less it
+        assert {"body", "parse", "queue", "stream", "to_replica", "from_replica", "encode", "outside"} <= set(phases)
+        assert all(v["p50_ms"] >= 0 for k, v in phases.items() if k != "outside"), phases
     if bench == "http_ceiling":  # bodies carried and answered by the ingress's HTTP server alone
         row = rows[0]
         assert row["req_s"] > 0 and row["body_mb_s"] > 0 and row["server_cores"] > 0, row

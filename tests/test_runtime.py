@@ -424,7 +424,10 @@ def test_one_asynchronous_executor_streams_windows_back_to_back(tmp_path, monkey
     x = np.random.default_rng(7).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
     with autohet.load(write(tmp_path, "lenet", "single", {"executor": 0}), window=4) as runner:
         _stream_check(runner, x, reference("lenet", x))
+        stats = runner.describe()["stream"]  # where the windows' time went (a service's /healthz shows it)
     assert used
+    assert stats["windows"] >= 8 and 32 <= stats["images"] <= 72  # the first stream's 32 in windows of 4
+    assert stats["device_s"] > 0 and stats["stage_s"] > 0 and stats["wait_s"] >= 0
 
 
 @pytest.mark.gpu
@@ -440,3 +443,28 @@ def test_a_gpu_stream_of_windows_queued_back_to_back_returns_the_reference(tmp_p
     with autohet.load(path, window=6) as runner:
         assert runner.pool.overlaps_windows()
         _stream_check(runner, x, reference("lenet", x))
+
+
+def test_a_window_past_the_devices_batch_ends_at_its_last_whole_batch():
+    """Requests of 64 images on a 256-image compiled batch: a window of ten ends after eight (512
+    images), the last two go into the next window; sizes that never end a whole batch, a window below
+    one batch and no batch to fill take everything there."""
+    from autohet.runtime._inputs import ReadAhead
+
+    def sizes(batches: list[int], granule: int | None) -> list[list[int]]:
+        reader = ReadAhead([np.zeros((n, 1, 2, 2), np.float32) for n in batches], (1, 2, 2), "t", 1 << 30)
+        reader.thread.join(10)  # every batch read ahead before the first take
+        windows, ended = [], False
+        while not ended:
+            taken, error, ended = reader.take(10_000, None, granule)
+            assert error is None
+            if taken:
+                windows.append([len(b.images) for b in taken])
+        assert reader.held == 0
+        return windows
+
+    assert sizes([64] * 10, 256) == [[64] * 8, [64] * 2]
+    assert sizes([64] * 3, 256) == [[64] * 3]
+    assert sizes([100] * 6, 256) == [[100] * 6]
+    assert sizes([200, 56, 300], 256) == [[200, 56], [300]]
+    assert sizes([64] * 10, None) == [[64] * 10]

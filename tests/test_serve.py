@@ -321,7 +321,7 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
             status, _, body = http(url + "/v1/predict?logits=1", data, kind)
             answer = json.loads(body)
             expected = reference(prep.scale.apply(decode_image(data, prep)))[0]
-            assert status == 200 and len(answer["top"]) == 5
+            assert status == 200 and len(answer["top"]) == 5, answer
             assert [t["index"] for t in answer["top"]] == [t["index"] for t in predict_body(expected, False)["top"]]
             close_to(np.array(answer["logits"], np.float32), expected)
         x = np.random.default_rng(3).standard_normal((150, *LENET), dtype=np.float32)  # > 2 batches of 64
@@ -338,6 +338,8 @@ def test_serve_answers_http_refuses_bad_requests_and_overload_and_drains_on_sigt
                                      headers={"Accept": "application/x-npy"})
         assert status == 200 and headers["content-type"] == "application/x-npy"
         close_to(np.load(io.BytesIO(body)), offline[:5])
+        phases = [entry.split(";")[0] for entry in headers["server-timing"].split(", ")]
+        assert phases == ["body", "parse", "queue", "stream", "back", "to_replica", "from_replica", "encode"], phases
         # the three .npy bodies went to the replicas (this node's) through shared memory, gone once answered
         shared = {}
         for _ in range(24):
@@ -434,15 +436,17 @@ class FakeReplica:
 
         self.infer, self.info = Method(self._infer), Method(self._info)
 
-    async def _infer(self, images: np.ndarray) -> np.ndarray:
+    async def _infer(self, images: np.ndarray):
         from ray.exceptions import ActorDiedError
+
+        from autohet.service.channel import Answer
 
         self.calls.append(len(images))
         assert len(images) <= self.batch, "Size of item is greater than max_batch_size"
         if self.dies:
             self.dies -= 1
             raise ActorDiedError()
-        return images.reshape(len(images), -1).sum(axis=1, keepdims=True)
+        return Answer(images.reshape(len(images), -1).sum(axis=1, keepdims=True), {"queue": 0.0, "stream": 0.0})
 
     async def _info(self) -> dict:
         return {"name": self.name, "speed_ips": self.speed, "batch": self.batch, "classes": 1}
@@ -506,6 +510,39 @@ def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_que
     assert ingress.in_flight == 0
     admitted.release()  # released once only, whoever calls it again
     assert ingress.in_flight == 0
+
+
+def test_an_answer_says_where_its_time_went_in_server_timing():
+    """Each phase of a request in the service (the body's read, its parse, the replica's own phases, Ray
+    and Serve between them, the answer's encoding) comes back in ``Server-Timing``, in milliseconds."""
+    import asyncio
+
+    from autohet.service.app import Ingress, IngressSettings
+    from autohet.service.channel import Answer
+    from autohet.service.listener import parse_head
+
+    class Slow(FakeReplica):
+        async def _infer(self, images: np.ndarray):
+            await asyncio.sleep(0.05)  # 50 ms in the call, 20 of them the replica's own
+            return Answer(images.reshape(len(images), -1).sum(axis=1, keepdims=True),
+                          {"queue": 0.005, "stream": 0.015})
+
+    settings = IngressSettings("127.0.0.1", 0, "lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20,
+                               frozenset(), 1, 60.0)
+    ingress = Ingress(settings, only=Slow("only", 4, 1.0))
+    x = np.random.default_rng(3).standard_normal((2, *LENET), dtype=np.float32)
+    body = npy(x)
+    head = parse_head(b"POST /v1/predict HTTP/1.1\r\ncontent-type: application/x-npy\r\naccept: application/x-npy\r\n"
+                      b"content-length: " + str(len(body)).encode())
+    reply = asyncio.run(ingress.begin(head).run(memoryview(body)))
+    assert reply.status == 200 and np.allclose(np.load(io.BytesIO(reply.body))[:, 0], x.reshape(2, -1).sum(axis=1))
+    phases = {}
+    for entry in reply.headers["Server-Timing"].split(", "):
+        name, dur = entry.split(";dur=")
+        phases[name] = float(dur)
+    assert list(phases) == ["body", "parse", "queue", "stream", "transit", "encode"]
+    assert phases["queue"] == 5.0 and phases["stream"] == 15.0
+    assert 30.0 <= phases["transit"] < 30.0 + 2000.0 and all(v >= 0 for v in phases.values())
 
 
 def test_the_ingress_refuses_on_the_head_and_a_full_queue_admits_no_more():
@@ -573,8 +610,9 @@ def test_a_request_stream_answers_each_request_in_order_and_survives_a_failed_ru
         first, failed, after = asyncio.run(run())
     finally:
         stream.close()
-    for x, out in zip(xs, first, strict=True):
+    for x, (out, put, ready) in zip(xs, first, strict=True):
         assert np.allclose(out[:, 0], x.sum(axis=1))
+        assert put <= ready  # when it went into the stream, when its outputs were ready
     assert isinstance(failed[0], ValueError) and "NaN" in str(failed[0])
-    assert np.allclose(after[:, 0], xs[1].sum(axis=1)) and runner.runs == 2
+    assert np.allclose(after[0][:, 0], xs[1].sum(axis=1)) and runner.runs == 2
     assert not stream.thread.is_alive()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -18,7 +20,7 @@ from autohet.pool.worker import Worker
 from autohet.ray_runtime import get_interruptibly, wait_interruptibly
 from autohet.workload import PixelScale, Workload
 
-__all__ = ["Identity", "LocalPool", "Pool", "RayPool", "VirtualPool", "identity"]
+__all__ = ["Identity", "LocalPool", "Pool", "RayPool", "StreamStats", "VirtualPool", "identity"]
 
 
 # loading a model, its workload and (inductor) compiling takes seconds to minutes; an actor that
@@ -46,12 +48,27 @@ def identity(spec: ExecutorSpec) -> Identity:
     return Identity(spec.name, spec.kind, spec.cores, spec.gpu, spec.node)
 
 
+@dataclass
+class StreamStats:
+    """Where a stream's time went, summed over its windows (``stream_windows``): waiting for the
+    source's next window (``wait_s``: a service's requests not there yet), staging windows into pinned
+    memory (``stage_s``, beside the device's work) and the device's own time on them (``device_s``,
+    CUDA events). Against the wall time they say whether the device or its feeding is the bound."""
+
+    windows: int = 0
+    images: int = 0
+    wait_s: float = 0.0
+    stage_s: float = 0.0
+    device_s: float = 0.0
+
+
 class Pool(ABC):
     """Executors started for one model and workload; strategies use them through dispatchers."""
 
     def __init__(self, spec: PoolSpec) -> None:
         self.spec = spec
         self.started_for: tuple[ModelSpec, int] | None = None
+        self.stream_stats = StreamStats()
 
     @property
     def names(self) -> list[str]:
@@ -172,10 +189,18 @@ class LocalPool(Pool):
 
         ex, worker = self.executors[0], self.workers[0]
         source = iter(windows)
+        stats = self.stream_stats
 
         def next_staged() -> tuple[Any, int] | None:
+            asked = time.perf_counter()
             parts = next(source, None)
-            return None if parts is None else (ex.stage(parts), sum(len(p) for p in parts))
+            if parts is None:
+                return None
+            got = time.perf_counter()
+            staged = ex.stage(parts)
+            stats.wait_s += got - asked
+            stats.stage_s += time.perf_counter() - got
+            return staged, sum(len(p) for p in parts)
 
         def queue(staged: Any, images: int) -> Any:
             ex.use_staged(staged)
@@ -184,7 +209,11 @@ class LocalPool(Pool):
         launched: deque[Any] = deque()
 
         def collected() -> np.ndarray:
-            return worker.call(lambda h=launched.popleft(): ex.collect(h)).outputs
+            unit = worker.call(lambda h=launched.popleft(): ex.collect(h))
+            stats.windows += 1
+            stats.images += len(unit.outputs)
+            stats.device_s += unit.compute_s
+            return unit.outputs
 
         with ThreadPoolExecutor(1, thread_name_prefix="autohet-stage") as stager:
             ahead = stager.submit(next_staged)

@@ -112,10 +112,15 @@ class ReadAhead:
         self.held += size
         self.cond.notify_all()
 
-    def take(self, images: int, most_bytes: int | None = None) -> tuple[list[Batch], BaseException | None, bool]:
+    def take(self, images: int, most_bytes: int | None = None,
+             granule: int | None = None) -> tuple[list[Batch], BaseException | None, bool]:
         """At least one batch (waiting for it), then more while they are already here and fewer than
         ``images`` images (and ``most_bytes`` bytes) are taken: (batches, an error that came next,
-        whether the source ended)."""
+        whether the source ended). With ``granule`` (the devices' batch), a window past it that would
+        end in a part-filled batch ends instead at its last whole batch, where one falls between two
+        of its batches; the rest stays for the next window: a served stream's windows of 268 images
+        on average (64-image requests, a 256-image compiled batch) ran a full second batch for the
+        12 past the first (BENCHMARKS.md §22)."""
         taken: list[Batch] = []
         count = size = 0
         with self.cond:
@@ -123,6 +128,8 @@ class ReadAhead:
             if self.stopped and not self.items:
                 return taken, None, True
             while self.items and (not taken or (count < images and (most_bytes is None or size < most_bytes))):
+                if taken and not isinstance(self.items[0], Batch):
+                    break  # the end or an error: the next take returns it, after this window
                 item = self.items.popleft()
                 if item is _END:
                     return taken, None, True
@@ -132,8 +139,22 @@ class ReadAhead:
                 count += len(item.images)
                 size += item.images.nbytes
                 self.held -= item.images.nbytes
+            if granule and count > granule and count % granule:
+                self._keep_whole_batches(taken, granule)
             self.cond.notify_all()
         return taken, None, False
+
+    def _keep_whole_batches(self, taken: list[Batch], granule: int) -> None:
+        """``taken`` cut after its last part that ends a whole batch (if one does); the parts after it
+        go back to the front, in order."""
+        ends = np.cumsum([len(b.images) for b in taken])
+        whole = [k + 1 for k, end in enumerate(ends) if end % granule == 0]
+        if not whole or whole[-1] == len(taken):
+            return
+        for batch in reversed(taken[whole[-1]:]):
+            self.items.appendleft(batch)
+            self.held += batch.images.nbytes
+        del taken[whole[-1]:]
 
     def stop(self) -> None:
         with self.cond:

@@ -13,7 +13,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,7 +127,7 @@ class Runner:
 
         def source() -> Iterator[list[np.ndarray]]:
             while True:
-                taken, error, ended = reader.take(self._window_images, self._window_bytes)
+                taken, error, ended = reader.take(self._window_images, self._window_bytes, self.served.batch)
                 if taken:
                     windows.append(taken)
                     self._count(sum(len(b.images) for b in taken))
@@ -274,7 +274,8 @@ class Runner:
         return {"config": self.source, "model": self.model.name, "strategy": self.config.strategy,
                 "objective": self.mode, "params": self.params, "served": self.served.describe(),
                 "window": self.window, "checked": self.checked, "check": self.check_result, "deaths": self.deaths,
-                "executions": self.executions, "inferences": self.inferences}
+                "executions": self.executions, "inferences": self.inferences,
+                "stream": asdict(self.pool.stream_stats)}
 
     def close(self) -> None:
         """Stops the engine or the executors (and the Ray this runner started)."""

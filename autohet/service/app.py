@@ -3,10 +3,12 @@ control deployment for the driver.
 
 - ``Replica``: one runner (``autohet.load`` of what ``plan.replica_load`` says), loaded, checked
   against the fp32 reference and warmed in its constructor (Serve routes to it only after that);
-  requests gathered by image count up to the runner's batch (``@serve.batch``) and run as one stream
-  (``stream.RequestStream``: the next window staged while the devices run this one), or on the
-  batch-1 path for a latency config. Pinned where its executors are: their cores (``num_cpus``), GPUs
-  (``num_gpus``, the pool file's GPU index used as given) and node (a label selector).
+  requests run as one stream (``stream.RequestStream``: the next window staged while the devices run
+  this one; those that come through Serve first gathered by image count up to the runner's batch,
+  ``@serve.batch``), or on the batch-1 path for a latency config. Chunks from the ingresses of its
+  node come over its own channel (``channel``: a Unix socket, past Ray and Serve), others through
+  Serve. Pinned where its executors are: their cores (``num_cpus``), GPUs (``num_gpus``, the pool
+  file's GPU index used as given) and node (a label selector).
 - ``Ingress``: HTTP in, answers out. Each ingress process listens on the service's port itself
   (``listener``: its own HTTP server on SO_REUSEPORT, the kernel shares connections between the
   processes; bodies read straight into one array each), so that bodies are read by as many processes
@@ -15,8 +17,10 @@ control deployment for the driver.
   with Retry-After) or admitted, its body then read and parsed (an ``.npy`` body into shared memory
   that the replicas of this node map: ``shm``). Decoding on the cores the config
   leaves free (``runtime.images.Decoders``), images shared between replicas by speed
-  (``routing.share``). A chunk whose replica dies mid-request is sent again to another replica (or
-  to the one Serve starts in its place): an admitted request is answered or refused, never lost.
+  (``routing.share``), each chunk sent over the replica's channel where it is on this node, else
+  through Serve. A chunk whose replica dies mid-request is sent again to another replica (or,
+  through Serve, to the one Serve starts in its place): an admitted request is answered or refused,
+  never lost. Each answer says where its time went (``Server-Timing``).
 - ``Control``: the application's root, with no route: the driver's one handle on every ingress
   (drain, requests in flight, replicas).
 """
@@ -39,6 +43,7 @@ from ray import serve
 from autohet.config import RunConfig
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
+from autohet.service.channel import Answer, ChannelClient, ChannelClosed, ChannelServer
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
@@ -83,17 +88,32 @@ class Replica:
         if spec.batching:
             self._batched.set_max_batch_size(batch)
             self._batched.set_batch_wait_timeout_s(batch_wait_s)
+        # the ingresses of this node send their chunks here, past Ray and Serve (``channel``)
+        self.channel = ChannelServer(lambda images: self._answer(images, gathered=False))
 
-    async def infer(self, images: np.ndarray | ShmImages) -> np.ndarray:
+    async def infer(self, images: np.ndarray | ShmImages) -> Answer:
+        """A chunk through Serve (from another node's ingress, or one waiting for this replica)."""
+        return await self._answer(images, gathered=self.spec.batching)
+
+    async def _answer(self, images: np.ndarray | ShmImages, gathered: bool) -> Answer:
+        """The chunk's outputs: into the stream (through ``@serve.batch`` where ``gathered``), or on the
+        batch-1 path of a latency config."""
+        entered = time.perf_counter()
         if isinstance(images, ShmImages):  # a body an ingress of this node holds in shared memory
             images = images.open()
-        if self.spec.batching:
-            return await self._batched(images)
-        return await asyncio.to_thread(self.runner, images)
+        if self.stream is not None:
+            outputs, taken, ready = await (self._batched(images) if gathered else self.stream(images))
+        else:
+            taken = time.perf_counter()
+            outputs = await asyncio.to_thread(self.runner, images)
+            ready = time.perf_counter()
+        returned = time.perf_counter()
+        return Answer(outputs, {"queue": taken - entered, "stream": ready - taken, "back": returned - ready},
+                      (entered, returned))
 
     # batches gathered while others are in the stream: it always has a next window to stage while one runs
     @serve.batch(max_batch_size=1, batch_wait_timeout_s=0.0, max_concurrent_batches=16, batch_size_fn=_images_in)
-    async def _batched(self, parts: list[np.ndarray]) -> list[np.ndarray]:
+    async def _batched(self, parts: list[np.ndarray]) -> list[tuple[np.ndarray, float, float]]:
         assert self.stream is not None
         return list(await asyncio.gather(*(self.stream(p) for p in parts)))  # pixels and inputs may mix
 
@@ -102,11 +122,15 @@ class Replica:
 
         return {"name": self.spec.name, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
                 "batch": max(1, self.runner.batch), "classes": self.runner.classes or 0,
-                "batching": self.spec.batching, "speed_ips": self.speed_ips,
+                "batching": self.spec.batching, "speed_ips": self.speed_ips, "channel": self.channel.address,
                 "speed_from": self.speed_from, "checked": self.runner.checked, "check": self.runner.check_result,
-                **{k: v for k, v in self.runner.describe().items() if k in ("served", "executions", "inferences")}}
+                **{k: v for k, v in self.runner.describe().items()
+                   if k in ("served", "executions", "inferences", "stream")}}
 
     def __del__(self) -> None:
+        channel = getattr(self, "channel", None)
+        if channel is not None:
+            channel.close()
         stream = getattr(self, "stream", None)
         if stream is not None:
             stream.close()
@@ -145,6 +169,37 @@ class IngressSettings:
     service: str = ""  # names its shared-memory bodies, for the driver to remove them at the end
 
 
+class Timing:
+    """Where one request's time went in the service (seconds by phase, in order), sent back as
+    ``Server-Timing`` (milliseconds): ``body`` reading it after its head, ``parse`` (or decoding),
+    the replica's own phases (``Answer``; of its slowest chunk), Ray and Serve between the ingress
+    and that replica (``to_replica`` and ``from_replica`` for a replica of this node, else both ways
+    as ``transit``), ``encode`` the answer."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self.mark = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """The time since the last lap, as ``phase``."""
+        now = time.perf_counter()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.mark
+        self.mark = now
+
+    def replica(self, answer: Answer, called: float, back: float, local: bool) -> None:
+        """A replica's phases, and the rest of the ingress's call to it (``called`` to ``back``)."""
+        self.phases.update(answer.phases)
+        if local and answer.span is not None:  # one clock: the way there and the way back apart
+            self.phases["to_replica"] = max(0.0, answer.span[0] - called)
+            self.phases["from_replica"] = max(0.0, back - answer.span[1])
+        else:
+            self.phases["transit"] = max(0.0, back - called - sum(answer.phases.values()))
+        self.mark = time.perf_counter()
+
+    def header(self) -> str:
+        return ", ".join(f"{k};dur={v * 1e3:.3f}" for k, v in self.phases.items())
+
+
 class NoReplica(Exception):
     """No replica answered a chunk after every retry."""
 
@@ -170,6 +225,7 @@ class Ingress:
         self.classes = 0
         self.node = _node_id()
         self.local = [False] * len(self.names)  # replicas on this node (they map shared-memory bodies)
+        self.channels: list[ChannelClient | None] = [None] * len(self.names)  # to those, past Ray and Serve
         self.bodies = BodyPool(settings.max_queue, settings.service) if shm else None  # at most max_queue are in flight
         self.shm_bodies = 0
         self.in_flight = 0
@@ -188,11 +244,18 @@ class Ingress:
     def requests_in_flight(self) -> int:
         return self.in_flight
 
+    def release(self) -> None:
+        """Its decoding processes stopped, at the service's end: a local Ray's shutdown kills this process
+        with them and their resource tracker, which would leave their queues' named semaphores in
+        /dev/shm."""
+        self.decoders.close()
+
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica's ``info`` (waits for replicas still starting), with the images routed to it."""
         infos = await asyncio.gather(*(h.info.remote() for h in self.handles))
         self.speeds = [float(i["speed_ips"] or 1.0) for i in infos]
-        self.local = [self.node is not None and i.get("node") == self.node for i in infos]
+        for k, info in enumerate(infos):
+            self._learn(k, info)
         self.batches = [int(i["batch"]) for i in infos]
         self.classes = int(infos[0]["classes"])
         return [{**i, "images_routed": n} for i, n in zip(infos, self.routed, strict=True)]
@@ -217,6 +280,7 @@ class Ingress:
         self.in_flight += 1
         released = False
         shared: list[ShmBody] = []
+        timing = Timing()
 
         def release(answered: bool = False) -> None:
             """Out of the queue; its shared body kept for the next request only once answered in full
@@ -241,9 +305,11 @@ class Ingress:
 
         async def run(body: memoryview) -> Reply:
             reply = None
+            timing.lap("body")
             try:
                 reply = await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body,
-                                                        shared[0] if shared else None))
+                                                        shared[0] if shared else None, timing))
+                reply.headers["Server-Timing"] = timing.header()
                 return reply
             finally:
                 release(answered=reply is not None and reply.status == 200)
@@ -272,7 +338,7 @@ class Ingress:
                       "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
 
     async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview,
-                       shared: ShmBody | None) -> Reply:
+                       shared: ShmBody | None, timing: Timing) -> Reply:
         try:
             if media == rq.NPY_TYPE:
                 images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
@@ -282,40 +348,49 @@ class Ingress:
                                                     self.settings.prep)
         except rq.BadRequest as exc:
             return _json({"error": exc.reason}, exc.status, exc.headers)
+        timing.lap("parse")
         try:
-            outputs = await self._run(images, shared)
+            outputs = await self._run(images, shared, timing)
         except NoReplica as exc:
             return _busy(str(exc))
         except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
             log.exception("autohet serve: a request failed")
             return _json({"error": f"inference failed: {_last_line(exc)}"}, 500)
         if media == rq.NPY_TYPE:
-            if rq.NPY_TYPE in accept:
-                return Reply(200, rq.npy_bytes(outputs), rq.NPY_TYPE)
-            return _json(rq.outputs_body(outputs), 200)
-        return _json(rq.predict_body(outputs[0], with_logits), 200)
+            reply = Reply(200, rq.npy_bytes(outputs), rq.NPY_TYPE) if rq.NPY_TYPE in accept else \
+                _json(rq.outputs_body(outputs), 200)
+        else:
+            reply = _json(rq.predict_body(outputs[0], with_logits), 200)
+        timing.lap("encode")
+        return reply
 
-    async def _run(self, images: np.ndarray, shared: ShmBody | None = None) -> np.ndarray:
+    async def _run(self, images: np.ndarray, shared: ShmBody | None = None,
+                   timing: Timing | None = None) -> np.ndarray:
         if not self.speeds:
             async with self.learned:
                 if not self.speeds:
                     await self.replicas()
         if len(images) == 0:
             return np.zeros((0, self.classes), np.float32)
-        return await self._send(images, set(), 0, shared)
+        timed = await self._send(images, set(), 0, shared)
+        if timing is not None:
+            answer, called, back, replica = max(timed, key=lambda t: t[2] - t[1])  # the slowest chunk's
+            timing.replica(answer, called, back, self.local[replica])
+        return timed[0][0].outputs if len(timed) == 1 else np.concatenate([t[0].outputs for t in timed])
 
     async def _send(self, images: np.ndarray, skip: set[int], attempt: int,
-                    shared: ShmBody | None = None) -> np.ndarray:
+                    shared: ShmBody | None = None) -> list[tuple[Answer, float, float, int]]:
         """The images' outputs, shared between the replicas (not ``skip`` nor one that is down, while
-        another is left) in chunks of at most each one's batch."""
+        another is left) in chunks of at most each one's batch: each chunk's answer, in order, when its
+        call was made and answered, and the replica that answered it."""
         chunks = share(len(images), self.pending, self.speeds, self.batches, skip=self.down | skip)
         starts = np.cumsum([0] + [n for _, n in chunks])
-        outs = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt, shared)
-                                      for k, (i, _) in enumerate(chunks)))
-        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+        answers = await asyncio.gather(*(self._chunk(i, images[starts[k] : starts[k + 1]], attempt, shared)
+                                         for k, (i, _) in enumerate(chunks)))
+        return [t for timed in answers for t in timed]
 
     async def _chunk(self, replica: int, images: np.ndarray, attempt: int,
-                     shared: ShmBody | None = None) -> np.ndarray:
+                     shared: ShmBody | None = None) -> list[tuple[Answer, float, float, int]]:
         """One chunk's outputs. When its replica dies under it, the chunk is shared again between the
         others (re-cut to their batches) or, with none left, sent to the replica Serve starts in its
         place (a call waits for it)."""
@@ -325,21 +400,36 @@ class Ingress:
         if replica in self.down:
             await asyncio.sleep(RETRY_DELAY_S * attempt / RETRIES)
         self.pending[replica] += len(images)
+        channel = self.channels[replica] if replica not in self.down else None  # down: Serve waits for its successor
         try:
-            out = await self.handles[replica].infer.remote(self._payload(replica, images, shared))
+            called = time.perf_counter()
+            payload = self._payload(replica, images, shared)
+            call = channel.call(payload) if channel is not None else self.handles[replica].infer.remote(payload)
+            answer = await call
             self.routed[replica] += len(images)
             self.images_metric.inc(len(images), tags={"target": self.names[replica]})
-            return out
-        except (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError) as exc:
+            return [(answer, called, time.perf_counter(), replica)]
+        except (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError,
+                ChannelClosed) as exc:
             failure = f"{self.names[replica]}: {type(exc).__name__}"
-            log.warning("autohet serve: replica %s failed a chunk (%s); sending it again", self.names[replica],
-                        type(exc).__name__)
+            log.warning("autohet serve: replica %s failed a chunk (%s: %s); sending it again", self.names[replica],
+                        type(exc).__name__, _last_line(exc))
             self._mark_down(replica)
         finally:
             self.pending[replica] -= len(images)
         if attempt + 1 >= RETRIES:
             raise NoReplica(f"no replica answered after {RETRIES} attempts (last: {failure}); retry")
         return await self._send(images, {replica}, attempt + 1, shared)
+
+    def _learn(self, replica: int, info: dict[str, Any]) -> None:
+        """Whether ``replica`` is on this node, and its channel there (kept while its address is the same)."""
+        self.local[replica] = self.node is not None and info.get("node") == self.node
+        address = info.get("channel") if self.local[replica] else None
+        channel = self.channels[replica]
+        if channel is not None and channel.address != address:
+            channel.close()
+            channel = None
+        self.channels[replica] = channel or (ChannelClient(address) if address else None)
 
     def _payload(self, replica: int, images: np.ndarray, shared: ShmBody | None) -> np.ndarray | ShmImages:
         """Where the images lie in shared memory, for a replica of this node; else the images themselves."""
@@ -358,7 +448,7 @@ class Ingress:
             with contextlib.suppress(Exception):  # died again: its next failed chunk marks it down again
                 info = await self.handles[replica].info.remote()  # waits for the replica Serve starts
                 self.speeds[replica] = float(info["speed_ips"] or 1.0)
-                self.local[replica] = self.node is not None and info.get("node") == self.node  # may have moved
+                self._learn(replica, info)  # it may have moved, its channel has a new address
             self.down.discard(replica)
 
         self.watchers.add(task := asyncio.get_running_loop().create_task(back()))
@@ -421,6 +511,9 @@ class Control:
 
     async def requests_in_flight(self) -> int:
         return sum(await asyncio.gather(*(i.requests_in_flight.remote() for i in self.ingresses)))
+
+    async def release(self) -> None:
+        await asyncio.gather(*(i.release.remote() for i in self.ingresses))
 
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica's ``info``, with the images every ingress routed to it."""

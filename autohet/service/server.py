@@ -199,6 +199,9 @@ class Service:
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
             return
+        if self.ingress is not None:  # the ingresses' decoding processes, before Ray kills the ingresses
+            with contextlib.suppress(Exception):
+                self.ingress.release.remote().result(timeout_s=5)
         # the driver's handles log their calls cut off by the shutdown (after it, from Ray's threads)
         logging.getLogger("ray.serve").setLevel(logging.CRITICAL)
         with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):

@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import mmap
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,24 +123,26 @@ class BodyPool:
 
 
 _MAPS: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
+_MAPS_LOCK = threading.Lock()
 MAPS_KEPT = 128  # a replica's mappings of bodies, most recent first (7 ingresses keep 18 bodies each by default)
 
 
 def _mapped(path: str) -> mmap.mmap:
-    """``path`` mapped, the mapping kept while the file is the same (its inode and size)."""
-    with open(path, "r+b") as f:
+    """``path`` mapped, the mapping kept while the file is the same (its inode and size). A replica
+    opens bodies from Serve's event loop and from its channel's thread."""
+    with _MAPS_LOCK, open(path, "r+b") as f:
         stat = os.fstat(f.fileno())
         kept = _MAPS.get(path)
         if kept is not None and kept[:2] == (stat.st_ino, stat.st_size):
             _MAPS.move_to_end(path)
             return kept[2]
         mapped = mmap.mmap(f.fileno(), 0)  # shared: pinning it in place never copies a page aside
-    for gone in [p for p in _MAPS if not os.path.exists(p)]:  # removed bodies' memory is let go
-        del _MAPS[gone]
-    _MAPS[path] = (stat.st_ino, stat.st_size, mapped)
-    if len(_MAPS) > MAPS_KEPT:
-        _MAPS.popitem(last=False)  # closed once its images are dropped
-    return mapped
+        for gone in [p for p in _MAPS if not os.path.exists(p)]:  # removed bodies' memory is let go
+            del _MAPS[gone]
+        _MAPS[path] = (stat.st_ino, stat.st_size, mapped)
+        if len(_MAPS) > MAPS_KEPT:
+            _MAPS.popitem(last=False)  # closed once its images are dropped
+        return mapped
 
 
 def shm_body(size: int, service: str = "") -> ShmBody | None:

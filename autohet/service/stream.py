@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -34,11 +35,16 @@ class RequestStream:
         self.thread = threading.Thread(target=self._serve, name="autohet-request-stream", daemon=True)
         self.thread.start()
 
-    async def __call__(self, images: np.ndarray) -> np.ndarray:
+    async def __call__(self, images: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """(outputs, when the request went into the stream, when its outputs were ready on the stream's
+        thread), times by ``time.perf_counter``: the second minus the first is the stream's share of
+        its time, the rest is the event loop's."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        put = time.perf_counter()
         self.inbox.put((images, loop, future))
-        return await future
+        outputs, ready = await future
+        return outputs, put, ready
 
     def close(self, timeout_s: float = 10.0) -> None:
         self.inbox.put(_CLOSE)
@@ -76,13 +82,15 @@ class RequestStream:
 
 def _answer(loop: asyncio.AbstractEventLoop, future: asyncio.Future, out: np.ndarray | None,
             error: BaseException | None) -> None:
+    ready = time.perf_counter()
+
     def settle() -> None:
         if future.done():  # the caller went away (cancelled)
             return
         if error is not None:
             future.set_exception(error)
         else:
-            future.set_result(out)
+            future.set_result((out, ready))
 
     with contextlib.suppress(RuntimeError):  # the loop closed: the replica is shutting down
         loop.call_soon_threadsafe(settle)
