@@ -318,6 +318,39 @@ def test_a_single_config_starts_only_its_executor(tmp_path):
         assert described["inferences"] == 15 and 2 <= described["executions"] <= 4
 
 
+@pytest.mark.gpu
+def test_a_gpu_stream_copies_page_locked_batches_from_where_they_lie(tmp_path, monkeypatch):
+    """Batches already page-locked in the compute dtype (a GPU replica's registered request bodies)
+    are not staged by copy: the GPU reads them in place, and the outputs are the reference's."""
+    import torch
+
+    from autohet.executors.gpu import GpuExecutor
+
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    staged: list[str] = []
+    real = GpuExecutor.stage
+
+    def spy(self, parts):
+        out = real(self, parts)
+        staged.append(type(out).__name__)
+        return out
+
+    monkeypatch.setattr(GpuExecutor, "stage", spy)
+    gpu = PoolSpec("gpu", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=4, precision="fp32")])
+    path = write_config(RunConfig(ModelSpec("lenet"), gpu, "single", {"executor": 0}, images=64),
+                        tmp_path / "gpu.yaml")
+    x = np.random.default_rng(11).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
+    pinned = torch.empty(x.shape, dtype=torch.float32, pin_memory=True)
+    pinned.copy_(torch.from_numpy(x))
+    xs = pinned.numpy()
+    with autohet.load(path, window=6) as runner:
+        first = runner(xs[:2])  # the checked call
+        outs = list(runner.map([xs[i : i + 2] for i in range(2, 40, 2)]))
+    close_to(np.concatenate([first, *outs]), reference("lenet", x))
+    assert "_InPlaceParts" in staged, staged
+
+
 def _pixels(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, *input_shape("lenet")), dtype=np.uint8)
 

@@ -93,3 +93,33 @@ def test_a_pool_reuses_its_bodies_and_a_replica_its_mappings():
     finally:
         os.unlink(path)
     bigger.remove()
+
+
+def test_pinned_mappings_are_registered_once_and_let_go_only_when_no_image_of_them_is_left():
+    """A replica with a GPU page-locks each body it maps (once: a body reused by its ingress is the same
+    mapping); a body removed while images of it are still held (a window copying them) stays
+    registered until they are dropped, then is unregistered."""
+    calls: list[tuple[str, int]] = []
+
+    def register(address: int, size: int) -> bool:
+        calls.append(("register", address))
+        return True
+
+    shm.pin_mappings(register, lambda address: calls.append(("unregister", address)))
+    first, second = shm.ShmBody(4096, "test-pin"), shm.ShmBody(4096, "test-pin")
+    try:
+        first.view[:] = bytes(range(256)) * 16
+        held = shm.ShmImages(first.path, 0, (16, 256), "|u1").open()
+        again = shm.ShmImages(first.path, 256, (1, 256), "|u1").open()
+        assert [c[0] for c in calls] == ["register"] and int(again[0, 255]) == 255
+        first.remove()
+        shm.ShmImages(second.path, 0, (1, 16), "|u1").open()  # a new mapping purges the removed body's
+        assert [c[0] for c in calls] == ["register", "register"]  # its images are still held: kept
+        assert int(held[15, 7]) == 7
+        del held, again
+        shm.ShmImages(second.path, 0, (1, 16), "|u1").open()
+        assert calls[-1] == ("unregister", calls[0][1])  # dropped: unregistered at the next open
+    finally:
+        shm.pin_mappings(None)
+        first.remove()
+        second.remove()

@@ -47,7 +47,7 @@ from autohet.service.channel import Answer, ChannelClient, ChannelClosed, Channe
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
-from autohet.service.shm import BodyPool, ShmBody, ShmImages
+from autohet.service.shm import BodyPool, ShmBody, ShmImages, pin_mappings
 from autohet.service.stream import RequestStream
 
 __all__ = ["IngressSettings", "build_app"]
@@ -88,6 +88,9 @@ class Replica:
         if spec.batching:
             self._batched.set_max_batch_size(batch)
             self._batched.set_batch_wait_timeout_s(batch_wait_s)
+        gpus = [config.pool.executors[i].gpu for i in spec.executors if config.pool.executors[i].gpu is not None]
+        if gpus and spec.batching:  # the GPU copies bodies from where the ingresses read them
+            _pin_bodies(gpus[0])
         # the ingresses of this node send their chunks here, past Ray and Serve (``channel``)
         self.channel = ChannelServer(lambda images: self._answer(images, gathered=False))
 
@@ -137,6 +140,32 @@ class Replica:
         runner = getattr(self, "runner", None)
         if runner is not None:
             runner.close()
+
+
+def _pin_bodies(gpu: int) -> None:
+    """This process's mappings of the ingresses' shared-memory bodies page-locked with CUDA (on the
+    replica's GPU, whatever thread maps them), so that a GPU's stream copies a window's requests
+    from where they lie (no staging copy)."""
+    import torch
+
+    from autohet.executors.gpu import local_gpu_index
+
+    cudart, device = torch.cuda.cudart(), local_gpu_index(gpu)
+    portable = 1  # cudaHostRegisterPortable
+
+    def register(address: int, size: int) -> bool:
+        try:
+            with torch.cuda.device(device):
+                torch.cuda.check_error(cudart.cudaHostRegister(address, size, portable))
+        except Exception:  # not page-lockable here: windows are staged by copy, as before
+            return False
+        return True
+
+    def unregister(address: int) -> None:
+        with contextlib.suppress(Exception), torch.cuda.device(device):
+            torch.cuda.check_error(cudart.cudaHostUnregister(address))
+
+    pin_mappings(register, unregister)
 
 
 def _speed(runner: Any, sample: np.ndarray, seconds: float) -> float:

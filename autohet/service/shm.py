@@ -25,14 +25,17 @@ import contextlib
 import itertools
 import mmap
 import os
+import sys
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["BodyPool", "ShmBody", "ShmImages", "remove_service", "shm_body"]
+__all__ = ["BodyPool", "ShmBody", "ShmImages", "pin_mappings", "remove_service", "shm_body"]
 
 SHM_DIR = Path("/dev/shm")
 SHM_RESERVE = 256 << 20  # bytes left free in /dev/shm for Ray's object store and others
@@ -122,27 +125,84 @@ class BodyPool:
             self.free.pop().remove()
 
 
-_MAPS: OrderedDict[str, tuple[int, int, mmap.mmap]] = OrderedDict()
+@dataclass
+class _Mapping:
+    """A body file as a replica maps it: the file's identity (inode, size), the mapping, and its
+    address where it is page-locked for a GPU (``pin_mappings``)."""
+
+    inode: int
+    size: int
+    mapped: mmap.mmap
+    pinned_at: int | None = None
+    unpin: Callable[[int], None] | None = None
+
+
+class _Pinning(NamedTuple):
+    register: Callable[[int, int], bool]  # (address, bytes) -> whether it is page-locked now
+    unregister: Callable[[int], None]
+
+
+_MAPS: OrderedDict[str, _Mapping] = OrderedDict()
+_RETIRED: list[_Mapping] = []  # pinned mappings dropped while images of them may still be in use
 _MAPS_LOCK = threading.Lock()
+_PINNING: _Pinning | None = None
 MAPS_KEPT = 128  # a replica's mappings of bodies, most recent first (7 ingresses keep 18 bodies each by default)
+
+
+def pin_mappings(register: Callable[[int, int], bool] | None, unregister: Callable[[int], None] | None = None) -> None:
+    """From now on this process's mappings of bodies are page-locked (``register(address, bytes)``), so
+    that a GPU copies their images in place, with no staging copy; None: no more. A pinned mapping
+    dropped (its file removed or replaced, or past ``MAPS_KEPT``) is unregistered once no image of it is
+    left (a window may still be copying them), then unmapped."""
+    global _PINNING
+    with _MAPS_LOCK:
+        _PINNING = None if register is None or unregister is None else _Pinning(register, unregister)
 
 
 def _mapped(path: str) -> mmap.mmap:
     """``path`` mapped, the mapping kept while the file is the same (its inode and size). A replica
     opens bodies from Serve's event loop and from its channel's thread."""
     with _MAPS_LOCK, open(path, "r+b") as f:
+        _release_retired()
         stat = os.fstat(f.fileno())
         kept = _MAPS.get(path)
-        if kept is not None and kept[:2] == (stat.st_ino, stat.st_size):
+        if kept is not None and (kept.inode, kept.size) == (stat.st_ino, stat.st_size):
             _MAPS.move_to_end(path)
-            return kept[2]
-        mapped = mmap.mmap(f.fileno(), 0)  # shared: pinning it in place never copies a page aside
+            return kept.mapped
+        entry = _Mapping(stat.st_ino, stat.st_size, mmap.mmap(f.fileno(), 0))  # shared: never copied aside
+        if _PINNING is not None:
+            view = np.frombuffer(entry.mapped, dtype=np.uint8)
+            address = view.ctypes.data
+            del view
+            if _PINNING.register(address, len(entry.mapped)):
+                entry.pinned_at, entry.unpin = address, _PINNING.unregister
+        if kept is not None:
+            _retire(kept)
         for gone in [p for p in _MAPS if not os.path.exists(p)]:  # removed bodies' memory is let go
-            del _MAPS[gone]
-        _MAPS[path] = (stat.st_ino, stat.st_size, mapped)
+            _retire(_MAPS.pop(gone))
+        _MAPS[path] = entry
         if len(_MAPS) > MAPS_KEPT:
-            _MAPS.popitem(last=False)  # closed once its images are dropped
-        return mapped
+            _retire(_MAPS.popitem(last=False)[1])
+        return entry.mapped
+
+
+def _retire(entry: _Mapping) -> None:
+    """A mapping no longer kept: unmapped once its images are dropped (pinned: unregistered first)."""
+    if entry.pinned_at is not None:
+        _RETIRED.append(entry)
+        _release_retired()
+
+
+def _release_retired() -> None:
+    """Retired pinned mappings with no image left: unregistered, then unmapped."""
+    for entry in list(_RETIRED):
+        if sys.getrefcount(entry.mapped) > 2:  # the entry's and this call's: an image holds it too
+            continue
+        _RETIRED.remove(entry)
+        if entry.unpin is not None and entry.pinned_at is not None:
+            entry.unpin(entry.pinned_at)
+        entry.pinned_at = entry.unpin = None
+        entry.mapped.close()
 
 
 def shm_body(size: int, service: str = "") -> ShmBody | None:
