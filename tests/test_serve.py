@@ -616,3 +616,53 @@ def test_a_request_stream_answers_each_request_in_order_and_survives_a_failed_ru
     assert isinstance(failed[0], ValueError) and "NaN" in str(failed[0])
     assert np.allclose(after[0][:, 0], xs[1].sum(axis=1)) and runner.runs == 2
     assert not stream.thread.is_alive()
+
+
+class ReadAheadRunner(MapRunner):
+    """``MapRunner`` reading its batches ahead on a thread, as the real runner does: after a failed
+    run that thread still waits on the stream's inbox."""
+
+    def map(self, batches):
+        from autohet.runtime._inputs import ReadAhead
+
+        self.runs += 1
+        reader = ReadAhead(batches, (3,), "t", 1 << 20)
+        try:
+            while True:
+                taken, error, ended = reader.take(1)
+                for b in taken:
+                    if np.isnan(b.images).any():
+                        raise ValueError("a NaN reached the device")
+                    yield b.images.reshape(len(b.images), -1).sum(axis=1, keepdims=True)
+                if error is not None:
+                    raise error
+                if ended:
+                    return
+        finally:
+            reader.stop()
+
+
+def test_requests_after_a_failed_run_are_not_lost_to_its_reader():
+    """A failed run's reader thread still waits on the inbox: what it takes next goes to the next run
+    (each later request answered, the close still ends the stream), not into the failed run."""
+    import asyncio
+
+    from autohet.service.stream import RequestStream
+
+    runner = ReadAheadRunner()
+    stream = RequestStream(runner)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    async def run():
+        failed = await asyncio.gather(stream(np.full((1, 3), np.nan, np.float32)), return_exceptions=True)
+        later = [await asyncio.wait_for(stream(x + k), 20) for k in range(8)]
+        return failed[0], later
+
+    try:
+        failed, later = asyncio.run(run())
+    finally:
+        stream.close(timeout_s=20)
+    assert isinstance(failed, ValueError)
+    for k, (out, _, _) in enumerate(later):
+        assert np.allclose(out[:, 0], (x + k).sum(axis=1))
+    assert not stream.thread.is_alive()

@@ -123,3 +123,5 @@ def test_pinned_mappings_are_registered_once_and_let_go_only_when_no_image_of_th
         shm.pin_mappings(None)
         first.remove()
         second.remove()
+        shm._MAPS.clear()  # no fake unregister left for later tests
+        shm._RETIRED.clear()

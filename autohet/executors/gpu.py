@@ -77,6 +77,7 @@ class _Launched:
     outputs: torch.Tensor
     begin: torch.cuda.Event
     end: torch.cuda.Event
+    source: Any = None  # the host rows it copies (kept alive while it may still read them)
 
 
 class _InPlaceParts:
@@ -354,7 +355,7 @@ class GpuExecutor(Executor):
                     outputs[offset : offset + n].copy_(y, non_blocking=True)
             end.record(self.compute_stream)
         assert outputs is not None
-        return _Launched(outputs, begin, end)
+        return _Launched(outputs, begin, end, self.bank)
 
     def _pixel_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Two device buffers the uint8 pixels land in, two the scaled inputs are written to in the

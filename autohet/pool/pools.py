@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -216,25 +217,30 @@ class LocalPool(Pool):
             return unit.outputs
 
         with ThreadPoolExecutor(1, thread_name_prefix="autohet-stage") as stager:
-            ahead = stager.submit(next_staged)
-            while True:
-                # the next window is not here yet: a window the device has finished is handed back
-                # meanwhile (a producer may wait for its outputs before sending more); one still running
-                # is left queued, so a source that keeps up keeps the device busy
-                while launched and not ahead.done():
-                    if ex.ready(launched[0]):
-                        yield collected()
-                    else:
-                        wait([ahead], timeout=0.001)
-                if (current := ahead.result()) is None:
-                    break
-                with lock:
-                    launched.append(worker.call(lambda c=current: queue(*c)))
-                if len(launched) == 2:  # window k-1 collected: its buffer is free for window k+1
-                    yield collected()
+            try:
                 ahead = stager.submit(next_staged)
-            while launched:
-                yield collected()
+                while True:
+                    # the next window is not here yet: a window the device has finished is handed back
+                    # meanwhile (a producer may wait for its outputs before sending more); one still
+                    # running is left queued, so a source that keeps up keeps the device busy
+                    while launched and not ahead.done():
+                        if ex.ready(launched[0]):
+                            yield collected()
+                        else:
+                            wait([ahead], timeout=0.001)
+                    if (current := ahead.result()) is None:
+                        break
+                    with lock:
+                        launched.append(worker.call(lambda c=current: queue(*c)))
+                    if len(launched) == 2:  # window k-1 collected: its buffer is free for window k+1
+                        yield collected()
+                    ahead = stager.submit(next_staged)
+                while launched:
+                    yield collected()
+            finally:  # a stream ended early (an error, a close): its windows' copies done before their
+                for handle in launched:  # memory is let go (a window may be read in place)
+                    with contextlib.suppress(Exception):
+                        worker.call(lambda h=handle: ex.collect(h))
 
     def accept_pixels(self, scale: PixelScale) -> bool:
         if not self.executors or not all(ex.takes_pixels for ex in self.executors):

@@ -443,6 +443,9 @@ class Ingress:
             failure = f"{self.names[replica]}: {type(exc).__name__}"
             log.warning("autohet serve: replica %s failed a chunk (%s: %s); sending it again", self.names[replica],
                         type(exc).__name__, _last_line(exc))
+            if isinstance(exc, ChannelClosed) and self.channels[replica] is not None:
+                self.channels[replica].close()  # through Serve (it waits for a successor) until one is learned
+                self.channels[replica] = None
             self._mark_down(replica)
         finally:
             self.pending[replica] -= len(images)

@@ -20,6 +20,7 @@ outputs' bytes, or ``{"id", "error"}``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -167,7 +168,7 @@ class ChannelServer:
 
         if not self.thread.is_alive():
             return
-        with contextlib.suppress(RuntimeError, TimeoutError):  # the loop already stopped
+        with contextlib.suppress(RuntimeError, TimeoutError, concurrent.futures.TimeoutError):  # loop stopped
             asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
         with contextlib.suppress(RuntimeError):
             self.loop.call_soon_threadsafe(self.loop.stop)
@@ -185,13 +186,15 @@ class ChannelClient:
         self.pending: dict[int, asyncio.Future] = {}
         self.serial = 0
         self.connecting: asyncio.Lock | None = None
+        self.reading: asyncio.Task | None = None
 
     async def call(self, images: np.ndarray | ShmImages) -> Answer:
         writer = await self._connected()
+        pending = self.pending  # this connection's calls
         self.serial += 1
         key = self.serial
         future = asyncio.get_running_loop().create_future()
-        self.pending[key] = future
+        pending[key] = future
         if isinstance(images, ShmImages):
             _write(writer, {"id": key, "shm": [images.path, images.offset, list(images.shape), images.dtype]})
         else:
@@ -201,10 +204,12 @@ class ChannelClient:
         try:
             await writer.drain()
             return await future
-        except ConnectionError as exc:
+        except OSError as exc:  # ChannelClosed from the reader passes as it is
+            if isinstance(exc, ChannelClosed):
+                raise
             raise ChannelClosed(f"the replica's channel closed: {exc}") from exc
         finally:
-            self.pending.pop(key, None)
+            pending.pop(key, None)
 
     async def _connected(self) -> asyncio.StreamWriter:
         if self.connecting is None:
@@ -216,20 +221,24 @@ class ChannelClient:
                     sock.connect(self.address)
                     sock.setblocking(False)
                     reader, self.writer = await asyncio.open_unix_connection(sock=sock, limit=1 << 20)
-                except OSError as exc:
+                except BaseException as exc:
                     sock.close()
-                    raise ChannelClosed(f"the replica's channel is not there: {exc}") from exc
-                asyncio.get_running_loop().create_task(self._answers(reader, self.writer))
+                    if isinstance(exc, OSError):
+                        raise ChannelClosed(f"the replica's channel is not there: {exc}") from exc
+                    raise
+                self.pending = {}  # a connection's calls fail with it, not those of the next one
+                self.reading = asyncio.get_running_loop().create_task(self._answers(reader, self.writer, self.pending))
             return self.writer
 
-    async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _answers(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       pending: dict[int, asyncio.Future]) -> None:
         """The answers, each to its call, until the connection ends: then every call still waiting on
         it gets ``ChannelClosed``."""
         reason = "closed"
         try:
             while True:
                 header, payload = await _read(reader)
-                future = self.pending.get(header.get("id"))
+                future = pending.get(header.get("id"))
                 if future is None or future.done():
                     continue  # its caller went away (a timeout)
                 if "error" in header:
@@ -244,7 +253,7 @@ class ChannelClient:
             writer.close()
             if self.writer is writer:
                 self.writer = None
-        for future in list(self.pending.values()):
+        for future in list(pending.values()):
             if not future.done():
                 future.set_exception(ChannelClosed(f"the replica's channel closed ({reason})"))
 

@@ -25,8 +25,8 @@ import contextlib
 import itertools
 import mmap
 import os
-import sys
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,10 +54,15 @@ class ShmImages:
     dtype: str
 
     def open(self) -> np.ndarray:
-        """The images: a live view of the body's file (nothing copied; the replica does not write it)."""
-        mapped = _mapped(self.path)
+        """The images: a live view of the body's file (nothing copied; the replica does not write it).
+        The mapping counts it (and every view of it) as in use until it is dropped."""
+        entry = _mapped(self.path)
         count = int(np.prod(self.shape))
-        return np.frombuffer(mapped, dtype=np.dtype(self.dtype), count=count, offset=self.offset).reshape(self.shape)
+        root = np.frombuffer(entry.mapped, dtype=np.dtype(self.dtype), count=count, offset=self.offset)
+        with _MAPS_LOCK:
+            entry.images += 1
+        weakref.finalize(root, _dropped, entry)  # the root of every view: gone when the last one is
+        return root.reshape(self.shape)
 
 
 class ShmBody:
@@ -135,6 +140,7 @@ class _Mapping:
     mapped: mmap.mmap
     pinned_at: int | None = None
     unpin: Callable[[int], None] | None = None
+    images: int = 0  # arrays opened from it and not yet dropped (``ShmImages.open``)
 
 
 class _Pinning(NamedTuple):
@@ -144,7 +150,7 @@ class _Pinning(NamedTuple):
 
 _MAPS: OrderedDict[str, _Mapping] = OrderedDict()
 _RETIRED: list[_Mapping] = []  # pinned mappings dropped while images of them may still be in use
-_MAPS_LOCK = threading.Lock()
+_MAPS_LOCK = threading.RLock()  # re-entered where an image is dropped (a finalizer) under it
 _PINNING: _Pinning | None = None
 MAPS_KEPT = 128  # a replica's mappings of bodies, most recent first (7 ingresses keep 18 bodies each by default)
 
@@ -159,7 +165,7 @@ def pin_mappings(register: Callable[[int, int], bool] | None, unregister: Callab
         _PINNING = None if register is None or unregister is None else _Pinning(register, unregister)
 
 
-def _mapped(path: str) -> mmap.mmap:
+def _mapped(path: str) -> _Mapping:
     """``path`` mapped, the mapping kept while the file is the same (its inode and size). A replica
     opens bodies from Serve's event loop and from its channel's thread."""
     with _MAPS_LOCK, open(path, "r+b") as f:
@@ -168,7 +174,7 @@ def _mapped(path: str) -> mmap.mmap:
         kept = _MAPS.get(path)
         if kept is not None and (kept.inode, kept.size) == (stat.st_ino, stat.st_size):
             _MAPS.move_to_end(path)
-            return kept.mapped
+            return kept
         entry = _Mapping(stat.st_ino, stat.st_size, mmap.mmap(f.fileno(), 0))  # shared: never copied aside
         if _PINNING is not None:
             view = np.frombuffer(entry.mapped, dtype=np.uint8)
@@ -183,7 +189,7 @@ def _mapped(path: str) -> mmap.mmap:
         _MAPS[path] = entry
         if len(_MAPS) > MAPS_KEPT:
             _retire(_MAPS.popitem(last=False)[1])
-        return entry.mapped
+        return entry
 
 
 def _retire(entry: _Mapping) -> None:
@@ -196,13 +202,19 @@ def _retire(entry: _Mapping) -> None:
 def _release_retired() -> None:
     """Retired pinned mappings with no image left: unregistered, then unmapped."""
     for entry in list(_RETIRED):
-        if sys.getrefcount(entry.mapped) > 2:  # the entry's and this call's: an image holds it too
+        if entry.images:
             continue
         _RETIRED.remove(entry)
         if entry.unpin is not None and entry.pinned_at is not None:
             entry.unpin(entry.pinned_at)
         entry.pinned_at = entry.unpin = None
-        entry.mapped.close()
+        with contextlib.suppress(BufferError):  # a view not opened here: unmapped once it is dropped
+            entry.mapped.close()
+
+
+def _dropped(entry: _Mapping) -> None:
+    with _MAPS_LOCK:
+        entry.images -= 1
 
 
 def shm_body(size: int, service: str = "") -> ShmBody | None:

@@ -58,25 +58,40 @@ class RequestStream:
 
     def _run(self) -> bool:
         """One ``runner.map`` over the requests until the stream closes (False) or fails (True: the
-        requests taken into it get the error, the next ones go into a new run)."""
+        requests taken into it get the error, the next ones go into a new run). A failed run's reader
+        may still be waiting on the inbox (the runner reads ahead on a thread of its own): what it gets
+        then is put back for the next run, not lost with the failed one."""
         taken: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
-        closed = False
+        state = {"closed": False, "over": False}
+        lock = threading.Lock()
 
         def requests() -> Iterator[np.ndarray]:
-            nonlocal closed
-            while (item := self.inbox.get()) is not _CLOSE:
-                images, loop, future = item
-                taken.append((loop, future))
+            while True:
+                item = self.inbox.get()
+                with lock:
+                    if state["over"]:  # the next run's
+                        self.inbox.put(item)
+                        return
+                    if item is _CLOSE:
+                        state["closed"] = True
+                        return
+                    images, loop, future = item
+                    taken.append((loop, future))
                 yield images
-            closed = True
 
         try:
             for out in self.runner.map(requests()):
-                _answer(*taken.popleft(), out, None)
+                with lock:
+                    entry = taken.popleft()
+                _answer(*entry, out, None)
         except Exception as exc:
-            while taken:
-                _answer(*taken.popleft(), None, exc)
-            return not closed
+            with lock:
+                state["over"] = True
+                failed = list(taken)
+                taken.clear()
+            for entry in failed:
+                _answer(*entry, None, exc)
+            return not state["closed"]
         return False
 
 
