@@ -259,7 +259,7 @@ class Ingress:
         self.shm_bodies = 0
         self.in_flight = 0
         self.draining = False
-        self.decoders = Decoders(settings.busy_cores, settings.decoders)
+        self.decoders: Decoders | None = None  # started by the first image: its queues' semaphores are files
         self.learned = asyncio.Lock()
         self.images_metric = Counter("autohet_serve_images", "images answered, by the replica (deployment) that ran "
                                      "them", tag_keys=("target",))
@@ -276,8 +276,18 @@ class Ingress:
     def release(self) -> None:
         """Its decoding processes stopped, at the service's end: a local Ray's shutdown kills this process
         with them and their resource tracker, which would leave their queues' named semaphores in
-        /dev/shm."""
-        self.decoders.close()
+        /dev/shm (so they start with the first image, not with a service that may never decode one)."""
+        if self.decoders is not None:
+            self.decoders.close()
+            self.decoders = None
+
+    def _decoding(self) -> Any:
+        """The decoding processes' pool, started on first use."""
+        from autohet.runtime.images import Decoders
+
+        if self.decoders is None:
+            self.decoders = Decoders(self.settings.busy_cores, self.settings.decoders)
+        return self.decoders.pool
 
     async def replicas(self) -> list[dict[str, Any]]:
         """Every replica's ``info`` (waits for replicas still starting), with the images routed to it."""
@@ -373,7 +383,7 @@ class Ingress:
                 images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
             else:
                 loop = asyncio.get_running_loop()
-                images = await loop.run_in_executor(self.decoders.pool, rq.decode_image, bytes(body),  # pickled
+                images = await loop.run_in_executor(self._decoding(), rq.decode_image, bytes(body),  # pickled
                                                     self.settings.prep)
         except rq.BadRequest as exc:
             return _json({"error": exc.reason}, exc.status, exc.headers)
