@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["Interrupted", "RunTimeout", "UserError", "unknown_name"]
+__all__ = ["Interrupted", "RunTimeout", "UserError", "last_line", "unknown_name"]
 
 
 class Interrupted(BaseException):
@@ -39,3 +39,9 @@ class RunTimeout(UserError):
 def unknown_name(kind: str, name: str, valid: list[str] | tuple[str, ...]) -> UserError:
     """An error for an unknown registry key that lists the valid keys."""
     return UserError(f"unknown {kind} {name!r}; valid: {', '.join(sorted(valid))}")
+
+
+def last_line(exc: BaseException) -> str:
+    """The underlying error's own line (a Ray task error wraps it in a traceback), at most 300 chars."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]

@@ -41,6 +41,7 @@ import numpy as np
 from ray import serve
 
 from autohet.config import RunConfig
+from autohet.errors import last_line
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
 from autohet.service.channel import Answer, ChannelClient, ChannelClosed, ChannelServer
@@ -394,7 +395,7 @@ class Ingress:
             return _busy(str(exc))
         except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
             log.exception("autohet serve: a request failed")
-            return _json({"error": f"inference failed: {_last_line(exc)}"}, 500)
+            return _json({"error": f"inference failed: {last_line(exc)}"}, 500)
         if media == rq.NPY_TYPE:
             reply = Reply(200, rq.npy_bytes(outputs), rq.NPY_TYPE) if rq.NPY_TYPE in accept else \
                 _json(rq.outputs_body(outputs), 200)
@@ -452,7 +453,7 @@ class Ingress:
                 ChannelClosed) as exc:
             failure = f"{self.names[replica]}: {type(exc).__name__}"
             log.warning("autohet serve: replica %s failed a chunk (%s: %s); sending it again", self.names[replica],
-                        type(exc).__name__, _last_line(exc))
+                        type(exc).__name__, last_line(exc))
             if isinstance(exc, ChannelClosed) and self.channels[replica] is not None:
                 self.channels[replica].close()  # through Serve (it waits for a successor) until one is learned
                 self.channels[replica] = None
@@ -517,12 +518,6 @@ def _node_id() -> str | None:
 
 def _nothing() -> None:
     """An admitted request with nothing to give back when its body never comes (``/healthz``)."""
-
-
-def _last_line(exc: BaseException) -> str:
-    """The underlying error's own line (a Ray task error wraps it in a traceback)."""
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return (lines[-1] if lines else type(exc).__name__)[:300]
 
 
 class ListeningIngress(Ingress):

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from autohet.errors import last_line
 from autohet.service.shm import ShmImages
 
 __all__ = ["Answer", "ChannelClient", "ChannelClosed", "ChannelServer", "ReplicaFailed"]
@@ -144,8 +145,7 @@ class ChannelServer:
                 images = np.frombuffer(payload, dtype=np.dtype(header["dtype"])).reshape(header["shape"])
             answer = await self.answer(images)
         except Exception as exc:  # this request fails, the channel stays
-            lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-            _write(writer, {"id": header.get("id"), "error": (lines[-1] if lines else type(exc).__name__)[:300]})
+            _write(writer, {"id": header.get("id"), "error": last_line(exc)})
             return
         outputs = np.ascontiguousarray(answer.outputs)
         _write(writer, {"id": header["id"], "shape": list(outputs.shape), "dtype": outputs.dtype.str,
