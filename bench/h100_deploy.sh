@@ -3,8 +3,8 @@
 #   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve | phases | small
 # runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
 # call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
-# (torch.compile, CUDA graph), then that tune's config through autohet.load and 5000 JPEGs through
-# `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
+# (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
+# 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
 # over HTTP, and a replica killed mid-load. phases: serve_load runs of one config (CONFIG, RUNS), each
 # printing where a request's time went (Server-Timing) and the replica's stream. small: cifarnet's
 # peers and a default tune (issue 26's small, fast model). Wheels (ray[tune,serve], optuna, mlflow) under
@@ -53,7 +53,7 @@ case "$1" in
     tail -6 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null
     best=$work/runs/peers-resnet18/best.yaml; cp $best "$W/tuned.yaml" 2>/dev/null; stop_ray
     log "the tuned config through autohet.load, and ${JPEGS:-5000} JPEGs through run --input"
-    t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config $best --images 20000 \
+    t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config $best --images ${IMAGES:-20000} \
       --jpegs ${JPEGS:-5000} --out "$W/runtime_tuned.json" > "$W/runtime_tuned.log" 2>&1
     tail -4 "$W/runtime_tuned.log" ;;
   serve)

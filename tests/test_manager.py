@@ -135,6 +135,31 @@ def test_a_trial_is_sized_to_its_target_seconds_at_the_best_speed_known() -> Non
     assert TrialSizing(3.0, 32, 100, 1.0, timeout_s=7.0).deadline(50) == 7.0
 
 
+def test_a_slower_single_is_sized_and_timed_at_its_own_speed() -> None:
+    """A CPU group's single beside a GPU runs its target seconds at its own speed, not the GPU's."""
+    from autohet.tuning.trainable import TrialSizing, trial_images
+
+    sizing = TrialSizing(target_s=3.0, min_images=32, max_images=1_000_000, base_ips=70_000.0)
+    spec = load_pool("actors/cpu2.yaml")
+    assert sizing.images_at(1000.0) == 2896 and sizing.images(None) == 185364
+    assert trial_images(sizing, 70_000.0, spec, own_ips=1000.0) == 2896
+    assert trial_images(sizing, 70_000.0, spec) == 185364
+    assert trial_images(sizing, None, spec, own_ips=1.0) == 2 * sum(e.batch for e in spec.executors)
+    assert sizing.deadline(2896, 1000.0) == pytest.approx(28.96) and sizing.deadline(2896) == 20.0
+
+
+def test_one_executor_is_measured_alone_once_per_class(nine_core_gpu_machine: PoolSpec) -> None:
+    manager = _manager(nine_core_gpu_machine)
+    manager.acquire({}, {})
+    pool = FakePool.made[-1]
+    assert manager.standalone_of(4, 0.1) == 10.0 and pool.measured == [[4]]
+    assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured == [[4]]  # same class: cached
+    assert manager.known_standalone(7) == 10.0
+    assert manager.standalone_of(99, 0.1) is None and pool.measured == [[4]]
+    manager.acquire({}, {"cpu": {"batch": 32}})
+    assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured[-1] == [2]  # a new configuration
+
+
 def test_executor_class_ignores_name_and_which_cores() -> None:
     base = load_pool("actors/cpu2.yaml")
     a, b = base.executors[:2]
@@ -210,3 +235,37 @@ def test_a_trial_runs_at_least_two_batches_of_each_executor() -> None:
     two_groups = load_pool("actors/cpu2.yaml").with_executor_params({"cpu": {"batch": 16}})
     assert sizing.images(None) == 32 and trial_images(sizing, None, two_groups) == 64
     assert trial_images(sizing, 4000.0, two_groups) == sizing.images(4000.0)  # a fast model: its time decides
+
+
+class _Remote:
+    """A manager method called as ``manager.method.remote(...)``, answered at once (ray.get patched)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.remote = fn
+
+
+def test_a_single_slower_than_the_sizing_speed_is_timed_by_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_trial's sizing decision without Ray: a single's executor measured alone first; sized (and cut)
+    by that speed where it is below the speed trials are sized by, by the fastest trial otherwise."""
+    import ray
+
+    from autohet.objectives import TrialKey
+    from autohet.tuning import trainable
+
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    measured: list[int] = []
+
+    class Manager:
+        known_standalone = _Remote(lambda i: {0: 70_000.0}.get(i))
+        standalone_of = _Remote(lambda i, seconds: measured.append(i) or 900.0)
+        best_speed = _Remote(lambda: 70_000.0)
+
+    setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
+                                 "throughput", "m", 16, 0.5, 10, cut_factor=4.0)
+    phases = {TrialKey.STANDALONE: 0.0}
+    slower = trainable._slower_single
+    assert slower("single", {"executor": 1}, Manager, setup, 70_000.0, phases) == 900.0 and measured == [1]
+    assert slower("single", {"executor": 0}, Manager, setup, 70_000.0, phases) is None  # the fastest itself
+    assert slower("hat", {}, Manager, setup, 70_000.0, phases) is None and measured == [1]
+    assert trainable._cut_deadline(Manager, setup, 2896, 900.0) == pytest.approx(4 * 2896 / 900)
+    assert trainable._cut_deadline(Manager, setup, 2896) == trainable.CUT_FLOOR_S  # 4 x 2896 / 70000 s

@@ -52,6 +52,13 @@ class StandaloneCache:
             self.values[key] = pool.standalone_ips(seconds, max_images, indices=[index])[0]
         return [self.values[key] for key in keys]
 
+    def measure_one(self, pool: Any, index: int, seconds: float) -> float:
+        """One executor's standalone figure (no unit cap), measured where its class has none yet."""
+        key = (executor_class(pool.spec.executors[index]), None)
+        if key not in self.values:
+            self.values[key] = pool.standalone_ips(seconds, None, indices=[index])[0]
+        return self.values[key]
+
     def known_any(self, spec: ExecutorSpec, backends: tuple[str, ...] | None = None) -> float | None:
         """The best figure known for this executor's device (its kind, core count, GPU or share) at any
         configuration with one of ``backends`` (any, by default), or None where none was measured."""

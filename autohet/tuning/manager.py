@@ -145,6 +145,14 @@ class PoolManager:
             return None  # the strategy's own check reports the bad index
         return self.standalone_cache.known(self.pool.spec.executors[index])
 
+    def standalone_of(self, index: int, seconds: float) -> float | None:
+        """The live topology's executor ``index`` alone (cached like ``standalone``): a single trial's
+        executor, measured before the trial is sized."""
+        assert self.pool is not None, "acquire() first"
+        if not 0 <= index < len(self.pool.spec.executors):
+            return None  # the strategy's own check reports the bad index
+        return self.standalone_cache.measure_one(self.pool, index, seconds)
+
     def device_figures(self, indices: list[int]) -> list[float | None]:
         """For executors of the live topology, the best standalone figure known for each one's device with
         PyTorch, any precision, layout or batch (None where none was measured): the engine families run

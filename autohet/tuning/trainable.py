@@ -62,15 +62,21 @@ class TrialSizing:
     timeout_s: float | None = None  # fixed trial timeout; None: max(20 s, 10x the expected run)
 
     def images(self, best_ips: float | None) -> int:
-        wanted = max(self.base_ips, best_ips or 0.0) * self.target_s
+        return self.images_at(max(self.base_ips, best_ips or 0.0))
+
+    def images_at(self, ips: float) -> int:
+        """About ``target_s`` of work at ``ips``, rounded and capped as every trial's."""
+        wanted = ips * self.target_s
         if wanted > 1:
             wanted = 2 ** (round(2 * math.log2(wanted)) / 2)
         return int(max(self.min_images, min(self.max_images, round(wanted))))
 
-    def deadline(self, images: int) -> float:
+    def deadline(self, images: int, ips: float | None = None) -> float:
+        """The trial timeout for ``images`` at ``ips`` (default: the pool's own speed)."""
         if self.timeout_s is not None:
             return self.timeout_s
-        return max(20.0, 10.0 * images / self.base_ips) if self.base_ips > 0 else 60.0
+        speed = ips or self.base_ips
+        return max(20.0, 10.0 * images / speed) if speed > 0 else 60.0
 
 
 @dataclass
@@ -190,16 +196,19 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     phases[TrialKey.ACQUIRE] = time.perf_counter() - started - phases.get(TrialKey.COOL, 0.0)
     phases[TrialKey.COMPILE] = compile_s
     workload, deadline_s = setup.workload, setup.deadline_s
+    own = None  # a single's executor's own speed, where slower than the speed the trials are sized by
     if setup.sizing is not None and not objectives.mode.per_request:
-        images = trial_images(setup.sizing, ray.get(manager.best_speed.remote()), spec)
-        workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images)
+        best = ray.get(manager.best_speed.remote())
+        own = _slower_single(strategy, params, manager, setup, max(setup.sizing.base_ips, best or 0.0), phases)
+        images = trial_images(setup.sizing, best, spec, own)
+        workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images, own)
     ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
                      mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
                      deadline_s=deadline_s, _reference=_references(setup))
     # the cut compares a run's time with the fastest valid speed's for the same images; an engine job's
     # wall also holds its own measuring (each device alone, the planner's costs), so it is bounded by the
     # trial timeout alone
-    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup, workload.images)
+    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup, workload.images, own)
     if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
         ctx.deadline_s = cut
     else:
@@ -246,11 +255,37 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     return finish(result)
 
 
-def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec) -> int:
-    """A throughput trial's images: ``sizing``'s, and at least two batches of each executor: a slow model
-    (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor, whose figures
-    moved by 20% from run to run and picked configurations that ran slower when rerun."""
-    return max(sizing.images(best_ips), 2 * sum(e.batch for e in spec.executors))
+def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None) -> int:
+    """A throughput trial's images: ``sizing``'s (at ``own_ips``, a slower single's own speed, where
+    given), and at least two batches of each executor: a slow model (vgg16 at 4-5 img/s on the 2-core
+    box) ran 32-image trials, one batch per executor, whose figures moved by 20% from run to run and
+    picked configurations that ran slower when rerun."""
+    images = sizing.images_at(own_ips) if own_ips else sizing.images(best_ips)
+    return max(images, 2 * sum(e.batch for e in spec.executors))
+
+
+def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup, sized_ips: float,
+                   phases: dict[str, float]) -> float | None:
+    """A ``single`` trial's executor speed (its standalone figure, measured once per configuration)
+    where it is below ``sized_ips``, the speed the trials are sized by; else None.
+
+    Such a trial is sized to its own speed and cut only against it: the first points run ``single`` on
+    the CPU group at each backend and precision to find its best settings before any strategy splits
+    the work. Sized for the GPU beside it and cut at 1/cut_factor of the GPU's speed, all eight of them
+    were cut in a default resnet18 tune on the H100 box (~12 s each, their actors replaced), and the
+    strategies after them ran their CPU groups at the pool's eager fp32: acquiring executors took 31%
+    of its wall time, cut trials 56% of its budget (BENCHMARKS 23)."""
+    import ray
+
+    index = params.get("executor")
+    if strategy != "single" or not isinstance(index, int):
+        return None
+    known = ray.get(manager.known_standalone.remote(index))
+    if known is None:
+        t0 = time.perf_counter()
+        known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
+        phases[TrialKey.STANDALONE] += time.perf_counter() - t0
+    return known if known and known < sized_ips else None
 
 
 _REFERENCES: dict[str, np.ndarray] = {}  # this trial process's reference outputs, kept across trials
@@ -264,14 +299,15 @@ def _references(setup: TrialSetup) -> dict[str, np.ndarray]:
     return _REFERENCES
 
 
-def _cut_deadline(manager: Any, setup: TrialSetup, images: int) -> float | None:
+def _cut_deadline(manager: Any, setup: TrialSetup, images: int, own_ips: float | None = None) -> float | None:
     """A throughput run taking ``cut_factor`` times longer than the fastest valid speed so far needs
-    for its images is that much slower: it is cut there instead of run to the end."""
+    for its images is that much slower: it is cut there instead of run to the end. A slower single sized
+    to its own speed (``own_ips``) is cut against that speed instead."""
     import ray
 
     if setup.objectives.mode.per_request or not setup.cut_factor:
         return None
-    fastest = ray.get(manager.best_speed.remote())
+    fastest = own_ips or ray.get(manager.best_speed.remote())
     return None if not fastest else max(CUT_FLOOR_S, setup.cut_factor * images / fastest)
 
 
