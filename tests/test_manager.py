@@ -158,6 +158,8 @@ def test_one_executor_is_measured_alone_once_per_class(nine_core_gpu_machine: Po
     assert manager.standalone_of(99, 0.1) is None and pool.measured == [[4]]
     manager.acquire({}, {"cpu": {"batch": 32}})
     assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured[-1] == [2]  # a new configuration
+    manager.standalone(0.1, 500)  # a trial's figures (its share as the cap): the CPU groups' is known
+    assert pool.measured[-1] == [0]
 
 
 def test_executor_class_ignores_name_and_which_cores() -> None:

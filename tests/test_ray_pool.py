@@ -189,6 +189,27 @@ def test_a_cut_run_names_only_the_executors_whose_sent_parts_do_not_finish_withi
         pool.shutdown()
 
 
+def test_a_cut_run_keeps_an_executor_done_at_once_beside_one_that_stays_busy(ray_local):
+    """Both executors busy at the cut: the fast one's parts end in milliseconds, the slow one's unit
+    (200 images at 10 img/s) outlives the wait. Only the slow one is named: the fast one's drain was
+    not left waiting until the slow one's parts had used the whole wait (it then had none)."""
+    from autohet.errors import RunTimeout
+
+    spec = PoolSpec("settle2", [ExecutorSpec("fast", "sim", speed_ips=4000.0),
+                                ExecutorSpec("slow", "sim", speed_ips=10.0)])
+    workload = Workload.from_spec(WorkloadSpec(40000, (1, 28, 28)))
+    pool = RayPool(spec, "settle2-test")
+    try:
+        pool.start(ModelSpec("lenet"), workload)
+        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=1.0)
+        with pytest.raises(RunTimeout) as info:
+            run_strategy("fifo", {"c": 200}, pool, ctx)
+        assert 1 in info.value.busy
+        assert info.value.settle(2.0) == [1]
+    finally:
+        pool.shutdown()
+
+
 def test_a_new_topology_adopts_the_actors_it_shares_with_the_old_one(ray_local):
     from ray.exceptions import RayActorError
 

@@ -319,30 +319,28 @@ class RayDispatcher(Dispatcher):
 
     def settle(self, seconds: float) -> list[int]:
         """Waits up to ``seconds`` for the parts already on the actors (at most ``depth`` each: the rest
-        of a unit is never sent), then has each actor that had work finish what it queued ahead
-        (``drain``: a GPU's announced part, OpenVINO's started pieces). Names the executors not done
-        by then, and those whose parts failed (a dead actor): they are to be replaced."""
+        of a unit is never sent) and for each such actor to finish what it queued ahead (``drain``: a
+        GPU's announced part, OpenVINO's started pieces). Names the executors not done by then, and
+        those whose parts failed (a dead actor): they are to be replaced.
+
+        The drains are sent at once: an actor runs its calls in order, so each drain follows that
+        actor's own parts and one wait covers both. Waiting for every part first left the drains no
+        time where one executor's parts outlived the wait: a GPU done in milliseconds was replaced
+        beside a busy CPU group (9 actors replaced in a default tune on the H100 box, BENCHMARKS 23)."""
         import ray
 
-        deadline = time.perf_counter() + max(0.0, seconds)
         owner = {**{r: u.executor for r, (u, _) in self.refs.items()}, **self.stale}
+        worked = set(owner.values()) | set(self.busy)
+        calls = {**owner, **{self.actors[i].drain.remote(): i for i in sorted(worked)}}
         busy: set[int] = set()
-
-        def wait(refs: dict[Any, int]) -> None:
-            if not refs:
-                return
-            left = max(0.0, deadline - time.perf_counter())
-            ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=left)
-            busy.update(refs[r] for r in pending)
+        if calls:
+            ready, pending = ray.wait(list(calls), num_returns=len(calls), timeout=max(0.0, seconds))
+            busy.update(calls[r] for r in pending)
             for r in ready:
                 try:
                     ray.get(r)
                 except Exception:  # failed, or its actor died: replaced
-                    busy.add(refs[r])
-
-        wait(owner)
-        worked = (set(owner.values()) | set(self.busy)) - busy
-        wait({self.actors[i].drain.remote(): i for i in sorted(worked)})
+                    busy.add(calls[r])
         return sorted(busy)
 
     def _wait_any(self, timeout: float | None = None) -> Completion | Ready | None:

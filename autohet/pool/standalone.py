@@ -42,6 +42,9 @@ class StandaloneCache:
         keys = [(executor_class(e), max_images) for e in pool.spec.executors]
         first: dict[tuple, int] = {}
         for i, key in enumerate(keys):
+            uncapped = self.values.get((key[0], None))
+            if key not in self.values and uncapped is not None:
+                self.values[key] = uncapped  # measured without a cap (a single's executor, before its trial)
             if key not in self.values:
                 first.setdefault(key, i)
         for n, (key, index) in enumerate(first.items()):
@@ -53,11 +56,15 @@ class StandaloneCache:
         return [self.values[key] for key in keys]
 
     def measure_one(self, pool: Any, index: int, seconds: float) -> float:
-        """One executor's standalone figure (no unit cap), measured where its class has none yet."""
-        key = (executor_class(pool.spec.executors[index]), None)
-        if key not in self.values:
-            self.values[key] = pool.standalone_ips(seconds, None, indices=[index])[0]
-        return self.values[key]
+        """One executor's standalone figure: the one known for its class (any unit cap), else measured
+        now without a cap."""
+        spec = pool.spec.executors[index]
+        known = self.known(spec)
+        if known is not None:
+            return known
+        value = pool.standalone_ips(seconds, None, indices=[index])[0]
+        self.values[(executor_class(spec), None)] = value
+        return value
 
     def known_any(self, spec: ExecutorSpec, backends: tuple[str, ...] | None = None) -> float | None:
         """The best figure known for this executor's device (its kind, core count, GPU or share) at any

@@ -41,8 +41,9 @@ __all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM
 CUT_FLOOR_S = 5.0
 # A cut trial's executors get this long to finish the parts already sent to them; those that do are
 # kept (a fresh actor costs seconds of start, model build and warm-up: on the H200 box 5 of 11 trials of
-# a resnet18 tune were cut and acquiring took 32% of its wall time, BENCHMARKS 18).
-CUT_DRAIN_S = 2.0
+# a resnet18 tune were cut and acquiring took 32% of its wall time, BENCHMARKS 18). Longer than a CPU
+# group's two parts in flight at the speeds the first points choose; shorter than a GPU actor's restart.
+CUT_DRAIN_S = 4.0
 # A throughput trial's outputs (images x classes float32) stay within this: 268k images of resnet18.
 MAX_OUTPUT_BYTES = 1 << 30
 
