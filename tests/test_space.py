@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import optuna
 import pytest
 
@@ -121,6 +123,39 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
     assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
     assert search.best["cpu"][0] == 90.0
+
+
+def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monkeypatch):
+    """After both stages, while acquiring took more than ACQUIRE_SHARE_CAP of the tune's time, each
+    sampled point is asked with the best trial's pool dims (no new topology); under it, the sampler
+    picks them freely."""
+    from autohet.objectives import ObjectiveSet, TrialKey
+    from autohet.tuning import search as search_module
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
+    first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
+              "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0,
+              "pool.cpu_group_size": 2, "pool.gpu_partitions": 1}]
+    clock = [1000.0]
+    monkeypatch.setattr(search_module, "time", SimpleNamespace(time=lambda: clock[0]))  # stepped by hand
+    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
+                          later=[], kind_of=SingleKind(load_pool("actors/cpu2.yaml")),
+                          objectives=ObjectiveSet.parse("throughput"), seed=0)
+    assert search.suggest("t0")["pool.cpu_group_size"] == 2
+    clock[0] += 10.0
+    search.on_trial_complete("t0", {"status": "ok", "objective_value": 50.0, TrialKey.ACQUIRE: 4.0})
+    assert search.acquire_share() == pytest.approx(0.4)
+    kept = [search.suggest(f"k{n}") for n in range(6)]
+    assert {c["pool.cpu_group_size"] for c in kept} == {2} and {c["pool.gpu_partitions"] for c in kept} == {1}
+    assert len({(c["strategy"], c.get("fifo.c")) for c in kept}) > 1  # the rest is still sampled
+    for n in range(6):
+        search.on_trial_complete(f"k{n}", {"status": "ok", "objective_value": 10.0, TrialKey.ACQUIRE: 0.0})
+    clock[0] += 1000.0  # acquiring now 4 s of 1010: under the cap
+    free = [search.suggest(f"f{n}") for n in range(12)]
+    assert len({c["pool.cpu_group_size"] for c in free}) > 1
 
 
 def test_restrict_keeps_single_and_checks_names():

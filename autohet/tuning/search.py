@@ -3,21 +3,31 @@
 Stage one's singles are enqueued at once, as Optuna's first points always were. Stage two's
 strategy points wait until every single has reported, then go in with each executor kind at its
 best single's settings: a data-parallel trial on CPU groups runs OpenVINO bf16 where the singles
-found it fastest, not the pool file's eager fp32.
+found it fastest, not the pool file's eager fp32. After both stages, while acquiring executors has
+taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, each sampled point keeps the pool dims of
+the best trial so far (its actors are alive): the sampler still picks the strategy and every other
+parameter, but starts no new topology.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
-from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
+from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
 from autohet.tuning.initial import with_best
 
-__all__ = ["SingleKind", "StagedSearch"]
+__all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
+
+# Acquiring executors (a topology's new actors started, models built and compiled) is held to this share
+# of a tune's wall time. A default resnet18 tune on the H100 box spent 131 s of its 168 s of acquiring in
+# its last six trials, each sampled onto a new CPU group size or GPU partitioning (14-31 s apiece), none
+# of them near its best (BENCHMARKS 23).
+ACQUIRE_SHARE_CAP = 0.15
 
 
 class StagedSearch(OptunaSearch):
@@ -35,8 +45,19 @@ class StagedSearch(OptunaSearch):
         self._configs: dict[str, dict[str, Any]] = {}
         self._finished = 0
         self.best: dict[str, tuple[float, dict[str, Any]]] = {}  # kind -> (figure, its exec.<kind>.* values)
+        self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
+        self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
+        self.started: float | None = None  # wall clock of the first suggestion
+
+    def acquire_share(self, now: float | None = None) -> float:
+        """The finished trials' acquiring, as a share of the wall time since the first suggestion."""
+        if self.started is None:
+            return 0.0
+        return self.acquire_s / max(1e-9, (time.time() if now is None else now) - self.started)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.started is None:
+            self.started = time.time()
         if self._later and len(self._configs) >= self._first and self._finished < self._first:
             return None  # Tune asks again: the last single is still reporting, and stage two needs it
         if self._later and self._finished >= self._first:
@@ -44,19 +65,38 @@ class StagedSearch(OptunaSearch):
             for point in self._later:
                 self._ot_study.enqueue_trial(with_best(point, best))
             self._later = []
+        elif not self._later and self._finished >= self._first:
+            self._keep_topology()
         config = super().suggest(trial_id)
         if config is not None:
             self._configs[trial_id] = config
         return config
 
+    def _keep_topology(self) -> None:
+        """Past the acquire cap, the next sampled point is asked with the best trial's pool dims fixed
+        (an enqueued partial point: Optuna samples the rest); stage two's own points go first."""
+        import optuna
+
+        if self.best_pool is None or not self.best_pool[1] or self.acquire_share() <= ACQUIRE_SHARE_CAP:
+            return
+        if self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            return
+        self._ot_study.enqueue_trial(dict(self.best_pool[1]))
+
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         super().on_trial_complete(trial_id, result, error)
         self._finished += 1
         config = self._configs.get(trial_id) or {}
-        if not result or result.get("status") != "ok" or config.get("strategy") != "single":
+        self.acquire_s += float((result or {}).get(TrialKey.ACQUIRE) or 0.0)
+        if not result or result.get("status") != "ok":
+            return
+        value = result.get(PRIMARY_METRIC)
+        if value is not None and self._objectives is not None and (
+                self.best_pool is None or self._objectives.primary.better(float(value), self.best_pool[0])):
+            self.best_pool = (float(value), {k: v for k, v in config.items() if k.startswith("pool.")})
+        if config.get("strategy") != "single":
             return
         kind = self._kind_of(config) if self._kind_of is not None else None
-        value = result.get(PRIMARY_METRIC)
         if kind is None or value is None or self._objectives is None:
             return
         known = self.best.get(kind)
