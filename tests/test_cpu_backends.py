@@ -78,7 +78,8 @@ def test_openvino_streams_and_precision_are_what_ran(cache, lenet_workload):
     assert ex.run(0, 40).outputs.shape == (40, 10)
 
 
-def test_a_variant_the_executor_built_before_is_not_built_again(lenet_workload):
+def test_a_variant_the_executor_built_before_is_not_built_again(lenet_workload, monkeypatch):
+    monkeypatch.setattr("autohet.executors.cpu.memory_available_share", lambda: 1.0)  # memory to spare
     ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
     ex.load(lenet_workload)
     ex.configure({"channels_last": True})
@@ -86,6 +87,24 @@ def test_a_variant_the_executor_built_before_is_not_built_again(lenet_workload):
     ex.configure({"channels_last": False})
     ex.configure({"channels_last": True, "batch": 32})  # eager runs any batch: the same program
     assert ex.program is layout
+
+
+def test_with_memory_short_the_kept_variants_go_before_another_is_built(cache, lenet_workload, monkeypatch):
+    """Below KEEP_VARIANTS_MIN_AVAILABLE of the machine's memory available, building a variant first
+    drops those kept (each variant holds its own weights and buffers); the new one still runs."""
+    from autohet.executors import cpu
+
+    share = [1.0]
+    monkeypatch.setattr(cpu, "memory_available_share", lambda: share[0])
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    ex.configure({"channels_last": True})
+    assert len(ex._programs) == 2
+    share[0] = cpu.KEEP_VARIANTS_MIN_AVAILABLE / 2
+    ex.configure({"channels_last": True, "batch": 32})  # a kept variant again: nothing built, nothing dropped
+    assert len(ex._programs) == 2
+    ex.configure({"channels_last": False, "precision": "fp32", "backend": "onnxruntime"})
+    assert len(ex._programs) == 1 and ex.run(0, 20).outputs.shape == (20, 10)
 
 
 def test_what_a_backend_cannot_run_is_refused_in_one_line(monkeypatch):

@@ -8,6 +8,7 @@ backend) are built once per executor and kept: a trial that comes back to one pa
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -22,9 +23,24 @@ from autohet.executors.compiled import check_backend
 from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
 from autohet.workload import Workload
 
-__all__ = ["CpuExecutor", "bind_team", "own_threads", "pin_thread"]
+__all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "own_threads",
+           "pin_thread"]
 
 _PINNED = threading.local()
+
+# An executor keeps the variants it built (a trial that comes back to one pays nothing) while the machine
+# has memory to spare: with less than this share of it available, it drops them before building another.
+# One vgg16 group on the 2-core box (24 GiB) held 10.6 GB after six variants (OpenVINO at batch 64 alone
+# 4.3 GB), and Ray's memory monitor killed the README main job's pool manager (BENCHMARKS 23).
+KEEP_VARIANTS_MIN_AVAILABLE = 0.4
+
+
+def memory_available_share() -> float:
+    """The machine's available memory as a share of its total."""
+    import psutil
+
+    memory = psutil.virtual_memory()
+    return memory.available / max(1, memory.total)
 
 
 def own_threads(n: int) -> None:
@@ -135,6 +151,10 @@ class CpuExecutor(Executor):
         key = backend.variant_key(self.spec)
         self.compile_s = 0.0
         if key not in self._programs:
+            if self._programs and memory_available_share() < KEEP_VARIANTS_MIN_AVAILABLE:
+                self._programs.clear()  # the kept variants go before another is built
+                self.program = None
+                gc.collect()
             self._programs[key] = backend.build(self._source, self.spec, self.workload.shape)
             self.compile_s = self._programs[key].compile_s
         self.program = self._programs[key]
