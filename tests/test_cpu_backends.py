@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -105,6 +106,31 @@ def test_with_memory_short_the_kept_variants_go_before_another_is_built(cache, l
     assert len(ex._programs) == 2
     ex.configure({"channels_last": False, "precision": "fp32", "backend": "onnxruntime"})
     assert len(ex._programs) == 1 and ex.run(0, 20).outputs.shape == (20, 10)
+
+
+def test_a_build_that_failed_after_the_drop_is_built_by_the_next_configure(cache, lenet_workload, monkeypatch):
+    """The kept variants dropped and the new one's build failing leaves no program: the next configure
+    with the same params builds it (its spec did not change, so the base class alone would not)."""
+    from autohet.executors import cpu
+    from autohet.executors.cpu_backends import _onnxruntime
+
+    monkeypatch.setattr(cpu, "memory_available_share", lambda: 0.0)
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    real, calls = _onnxruntime.OnnxRuntimeBackend.build, []
+
+    def fails_once(self: Any, *args: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the build failed")
+        return real(self, *args)
+
+    monkeypatch.setattr(_onnxruntime.OnnxRuntimeBackend, "build", fails_once)
+    with pytest.raises(RuntimeError, match="the build failed"):
+        ex.configure({"backend": "onnxruntime"})
+    ex.drain()  # no program: nothing to wait for
+    ex.configure({"backend": "onnxruntime"})
+    assert len(calls) == 2 and ex.run(0, 20).outputs.shape == (20, 10)
 
 
 def test_what_a_backend_cannot_run_is_refused_in_one_line(monkeypatch):

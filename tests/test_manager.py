@@ -145,6 +145,7 @@ def test_a_slower_single_is_sized_and_timed_at_its_own_speed() -> None:
     assert trial_images(sizing, 70_000.0, spec, own_ips=1000.0) == 2896
     assert trial_images(sizing, 70_000.0, spec) == 185364
     assert trial_images(sizing, None, spec, own_ips=1.0) == 2 * sum(e.batch for e in spec.executors)
+    assert trial_images(sizing, None, spec, own_ips=1.0, single=1) == 2 * spec.executors[1].batch
     assert sizing.deadline(2896, 1000.0) == pytest.approx(28.96) and sizing.deadline(2896) == 20.0
 
 

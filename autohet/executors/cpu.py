@@ -13,6 +13,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,11 +37,24 @@ KEEP_VARIANTS_MIN_AVAILABLE = 0.4
 
 
 def memory_available_share() -> float:
-    """The machine's available memory as a share of its total."""
+    """The memory available to this process's group as a share of its total: the machine's, or its
+    cgroup's limit where that is lower (a container; what Ray's memory monitor watches)."""
     import psutil
 
     memory = psutil.virtual_memory()
-    return memory.available / max(1, memory.total)
+    total, available = memory.total, memory.available
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            limit = int(Path(limit_file).read_text().strip())
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):  # no such cgroup file, or "max": no limit
+            continue
+        if 0 < limit < total:
+            total, available = limit, min(available, max(0, limit - usage))
+        break
+    return available / max(1, total)
 
 
 def own_threads(n: int) -> None:
@@ -168,6 +182,11 @@ class CpuExecutor(Executor):
     def reconfigure(self) -> None:
         self._activate()
 
+    def configure(self, params: dict[str, Any]) -> None:
+        super().configure(params)
+        if self.workload is not None and getattr(self, "program", None) is None:
+            self._activate()  # a build failed after the kept variants were dropped: built now, or fails again
+
     def set_workload(self, workload: Workload) -> None:
         self._drop_ahead()  # parts announced on the old images
         super().set_workload(workload)
@@ -200,7 +219,8 @@ class CpuExecutor(Executor):
 
     def drain(self) -> None:
         self._drop_ahead()
-        self.program.drain()
+        if getattr(self, "program", None) is not None:
+            self.program.drain()
 
     def run(self, start: int, size: int) -> UnitResult:
         if self.program.asynchronous:

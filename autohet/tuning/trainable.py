@@ -201,7 +201,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     if setup.sizing is not None and not objectives.mode.per_request:
         best = ray.get(manager.best_speed.remote())
         own = _slower_single(strategy, params, manager, setup, max(setup.sizing.base_ips, best or 0.0), phases)
-        images = trial_images(setup.sizing, best, spec, own)
+        images = trial_images(setup.sizing, best, spec, own, params.get("executor") if own else None)
         workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images, own)
     ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
                      mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
@@ -256,13 +256,15 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     return finish(result)
 
 
-def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None) -> int:
+def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None,
+                 single: int | None = None) -> int:
     """A throughput trial's images: ``sizing``'s (at ``own_ips``, a slower single's own speed, where
-    given), and at least two batches of each executor: a slow model (vgg16 at 4-5 img/s on the 2-core
-    box) ran 32-image trials, one batch per executor, whose figures moved by 20% from run to run and
-    picked configurations that ran slower when rerun."""
+    given), and at least two batches of each executor (of executor ``single`` alone, for such a single):
+    a slow model (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor,
+    whose figures moved by 20% from run to run and picked configurations that ran slower when rerun."""
     images = sizing.images_at(own_ips) if own_ips else sizing.images(best_ips)
-    return max(images, 2 * sum(e.batch for e in spec.executors))
+    executors = spec.executors[single:single + 1] if single is not None else spec.executors
+    return max(images, 2 * sum(e.batch for e in executors))
 
 
 def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup, sized_ips: float,
@@ -284,7 +286,10 @@ def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: T
     known = ray.get(manager.known_standalone.remote(index))
     if known is None:
         t0 = time.perf_counter()
-        known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
+        try:
+            known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
+        except Exception:  # e.g. its actor died: sized as any trial, whose run meets (and reports) that
+            known = None
         phases[TrialKey.STANDALONE] += time.perf_counter() - t0
     return known if known and known < sized_ips else None
 
