@@ -132,6 +132,16 @@ def test_large_units_run_as_parts_in_order_and_a_death_mid_unit_fails_the_whole_
         pool.shutdown()
 
 
+def _fast_beside_slow(name: str, fast_ips: float, images: int, deadline_s: float) -> tuple[RayPool, RunContext]:
+    """A pool (not started) of a fast simulated executor beside one at 10 img/s, and a run context
+    over ``images`` lenet images cut at ``deadline_s``."""
+    spec = PoolSpec(name, [ExecutorSpec("fast", "sim", speed_ips=fast_ips),
+                           ExecutorSpec("slow", "sim", speed_ips=10.0)])
+    workload = Workload.from_spec(WorkloadSpec(images, (1, 28, 28)))
+    ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=deadline_s)
+    return RayPool(spec, f"{name}-test"), ctx
+
+
 def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local):
     """A hopeless unit (1000 images on a 10 img/s executor: 100 s) is cut at the 2 s deadline while it
     still runs; the replaced actor answers the next run (5 images, 0.5 s of work) within that run's
@@ -143,13 +153,9 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
 
     from autohet.errors import RunTimeout
 
-    spec = PoolSpec("cut", [ExecutorSpec("fast", "sim", speed_ips=50000.0),
-                            ExecutorSpec("slow", "sim", speed_ips=10.0)])
-    workload = Workload.from_spec(WorkloadSpec(2000, (1, 28, 28)))
-    pool = RayPool(spec, "cut-test")
+    pool, ctx = _fast_beside_slow("cut", 50000.0, 2000, 2.0)
     try:
-        pool.start(ModelSpec("lenet"), workload)
-        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=2.0)
+        pool.start(ModelSpec("lenet"), ctx.workload)
         # one unit each: the fast one's is done, the slow one's cannot be (not counted, still busy)
         with pytest.raises(RunTimeout, match=r"within 2 s \(1000 of 2000 images done; still busy: slow\)") as info:
             run_strategy("fifo", {"c": 1000}, pool, ctx)
@@ -195,13 +201,9 @@ def test_a_cut_run_keeps_an_executor_done_at_once_beside_one_that_stays_busy(ray
     not left waiting until the slow one's parts had used the whole wait (it then had none)."""
     from autohet.errors import RunTimeout
 
-    spec = PoolSpec("settle2", [ExecutorSpec("fast", "sim", speed_ips=4000.0),
-                                ExecutorSpec("slow", "sim", speed_ips=10.0)])
-    workload = Workload.from_spec(WorkloadSpec(40000, (1, 28, 28)))
-    pool = RayPool(spec, "settle2-test")
+    pool, ctx = _fast_beside_slow("settle2", 4000.0, 40000, 1.0)
     try:
-        pool.start(ModelSpec("lenet"), workload)
-        ctx = RunContext(ModelSpec("lenet"), workload, standalone_seconds=0.05, deadline_s=1.0)
+        pool.start(ModelSpec("lenet"), ctx.workload)
         with pytest.raises(RunTimeout) as info:
             run_strategy("fifo", {"c": 200}, pool, ctx)
         assert 1 in info.value.busy

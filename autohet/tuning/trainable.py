@@ -283,14 +283,12 @@ def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: T
     index = params.get("executor")
     if strategy != "single" or not isinstance(index, int):
         return None
-    known = ray.get(manager.known_standalone.remote(index))
-    if known is None:
-        t0 = time.perf_counter()
-        try:
-            known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
-        except Exception:  # e.g. its actor died: sized as any trial, whose run meets (and reports) that
-            known = None
-        phases[TrialKey.STANDALONE] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:  # the figure known for its configuration, else measured now
+        known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
+    except Exception:  # e.g. its actor died: sized as any trial, whose run meets (and reports) that
+        known = None
+    phases[TrialKey.STANDALONE] += time.perf_counter() - t0
     return known if known and known < sized_ips else None
 
 
