@@ -217,7 +217,8 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
         executors = m.get("extra", {}).get("pool", {}).get("executors", [])
         out.update(autohet_ips=m["throughput_ips"], autohet_strategy=m["strategy"],
                    autohet_executors=[{k: e.get(k) for k in ("name", "cores", "backend", "precision", "batch",
-                                                              "streams", "channels_last") if k in e}
+                                                              "streams", "channels_last", "openvino_streams",
+                                                              "openvino_requests") if k in e}
                                       for e in executors])
     else:
         out["autohet_error"] = m["error"]

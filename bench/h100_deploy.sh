@@ -1,13 +1,15 @@
 #!/bin/sh
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
-#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | serve | phases | small
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | tune | serve | phases | small | cpu_only
 # runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
 # call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
 # 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
 # over HTTP, and a replica killed mid-load. phases: serve_load runs of one config (CONFIG, RUNS), each
 # printing where a request's time went (Server-Timing) and the replica's stream. small: cifarnet's
-# peers and a default tune (issue 26's small, fast model). Wheels (ray[tune,serve], optuna, mlflow) under
+# peers and a default tune (issue 26's small, fast model). tune: tune_runtime's peers and default tune
+# alone. cpu_only: the CPU executor's OpenVINO settings next to the peer (bench.cpu_executor_sweep, SWEEP
+# models), then CPU-only tunes on cores 1-15 next to their peers (bench.cpu_peers, MODELS). Wheels (ray[tune,serve], optuna, mlflow) under
 # /root/site for tune_runtime and serve. Logs and JSON go to $OUT (packed into one tarball).
 cd "$(dirname "$0")/.."
 . bench/_h100_common.sh
@@ -56,6 +58,27 @@ case "$1" in
     t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config $best --images ${IMAGES:-20000} \
       --jpegs ${JPEGS:-5000} --out "$W/runtime_tuned.json" > "$W/runtime_tuned.log" 2>&1
     tail -4 "$W/runtime_tuned.log" ;;
+  tune)
+    stop_ray; work=/tmp/deploy; mkdir -p $work
+    log "peers of resnet18 and a default autohet tune (--time-budget ${TUNE_BUDGET:-600})"
+    t timeout -k 10 ${PEERS_TIMEOUT:-900} python3 -m bench.peers --models resnet18 --max-mode "${MAX_MODE:-}" --no-b1-compile \
+      --time-budget ${TUNE_BUDGET:-600} --work $work --out "$W/peers.json" > "$W/peers.log" 2>&1
+    tail -6 "$W/peers.log"; cp $work/*.log "$W/" 2>/dev/null
+    cp $work/runs/peers-resnet18/best.yaml "$W/tuned.yaml" 2>/dev/null; cp $work/runs/mlflow.db "$W/" 2>/dev/null; stop_ray ;;
+  cpu_only)
+    stop_ray; work=/tmp/cpuw; mkdir -p $work
+    for m in ${SWEEP:-resnet18}; do
+      log "the CPU executor's OpenVINO settings next to the peer: $m, cores 1-15"
+      t timeout -k 10 ${SWEEP_TIMEOUT:-400} python3 -m bench.cpu_executor_sweep --model $m --cores 1-15 --rounds 3 \
+        ${SWEEP_ARGS:-} --out "$W/sweep_$m.json" > "$W/sweep_$m.log" 2>&1; tail -12 "$W/sweep_$m.log"
+    done
+    log "CPU-only tunes on cores 1-15 next to their peers: ${MODELS:-resnet18,mobilenet_v2}"
+    t timeout -k 10 ${PEERS_TIMEOUT:-1500} python3 -m bench.cpu_peers --models ${MODELS:-resnet18,mobilenet_v2} --cores 1-15 \
+      --time-budget ${TUNE_BUDGET:-300} --no-inductor --seconds 6 --rerun-s 10 --ab-rounds 3 --work $work \
+      --out "$W/cpu_peers.json" > "$W/cpu_peers.log" 2>&1
+    tail -8 "$W/cpu_peers.log"; cp $work/*.log "$W/" 2>/dev/null
+    for d in $work/runs/cpu-peers-*; do cp $d/best.yaml "$W/$(basename $d)_best.yaml" 2>/dev/null; done
+    cp $work/runs/mlflow.db "$W/" 2>/dev/null; stop_ray ;;
   serve)
     stop_ray
     configs
@@ -88,6 +111,6 @@ case "$1" in
     t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
     tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
-  *) echo "unknown section '$1': runtime, tune_runtime, serve, phases or small"; exit 2 ;;
+  *) echo "unknown section '$1': runtime, tune_runtime, tune, serve, phases, small or cpu_only"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

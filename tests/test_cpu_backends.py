@@ -189,24 +189,58 @@ def test_openvino_spreads_a_call_evenly_over_its_requests():
 
 @pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="openvino missing")
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not {0, 1} <= os.sched_getaffinity(0),
-                    reason="needs cores 0 and 1: one core gives OpenVINO one stream (a static batch)")
-def test_openvino_warms_the_piece_size_of_a_full_call(cache, lenet_workload):
-    """A dynamic-batch model (several requests) asks for a second warm-up of a piece per request at the
-    size a full call (``max_unit_images``) is cut into; a static one (one stream) asks for none."""
+                    reason="needs cores 0 and 1: one core gives OpenVINO one stream")
+def test_openvino_warms_every_request_and_measures_with_every_stream_busy(cache, lenet_workload):
+    """A static-batch model (the peer's: a batch per request) warms with one batch per request, and its
+    standalone calls hold half its requests' batches (two in flight fill them all; one batch a call
+    would leave the other streams idle). One stream: the first batch warms it. The earlier dynamic-batch
+    model warms a piece per request at the size a full call is cut into."""
+    from autohet.executors.cpu_backends import cpu_backend
     from autohet.executors.cpu_backends._openvino import piece_size
 
     spec = ExecutorSpec("c", "cpu", (0, 1), batch=16, backend="openvino", streams=2)
     ex = make_executor(spec, ModelSpec("lenet"))
     ex.load(lenet_workload)
-    requests = ex.program.requests
-    assert ex.program.warm_images(spec.max_unit_images) == requests * piece_size(spec.max_unit_images, requests, 16)
+    requests = ex.program.requests  # 2, or 1 where an earlier test's compile sized OpenVINO's pool on one core
+    assert ex.program.static
+    assert ex.program.warm_images(spec.max_unit_images) == (16 * requests if requests > 1 else 0)
+    assert ex.standalone_unit() == 16  # at most 2 requests: a batch a call, two calls in flight
     one = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16, backend="openvino", streams=1), ModelSpec("lenet"))
     one.load(lenet_workload)
-    assert one.program.warm_images(128) == 0
+    assert one.program.warm_images(128) == 0 and one.standalone_unit() == 16
+    backend = cpu_backend("openvino")
+    backend.dynamic_batch = True
+    try:
+        dyn = make_executor(spec, ModelSpec("lenet"))
+        dyn.load(lenet_workload)
+    finally:
+        backend.dynamic_batch = False
+    requests = dyn.program.requests
+    assert not dyn.program.static or requests == 1  # one request: a static batch either way
+    if requests > 1:
+        unit = spec.max_unit_images
+        assert dyn.program.warm_images(unit) == requests * piece_size(unit, requests, 16)
+
+
+def test_a_batch_per_request_program_is_measured_in_calls_that_fill_its_requests():
+    """15 requests of a batch each: standalone calls of 8 batches (two in flight: 16 pieces), at most a
+    pool part; a program that spreads one batch over its requests keeps calls of a batch."""
+    from autohet.executors.cpu import CpuExecutor
+
+    ex = CpuExecutor.__new__(CpuExecutor)
+    ex.spec = ExecutorSpec("c", "cpu", tuple(range(15)), batch=16, backend="openvino")
+    ex.program, _ = _fake_program(15)
+    assert ex.standalone_unit() == 128
+    ex.program, _ = _fake_program(4)
+    assert ex.standalone_unit() == 32
+    ex.program, _ = _fake_program(40)
+    assert ex.standalone_unit() == ex.spec.max_unit_images
+    ex.program, _ = _fake_program(15, static=False)
+    assert ex.standalone_unit() == 16
 
 
 class _FakeCompiled:
-    """What OpenVinoProgram reads of a compiled model: its requests, a dynamic batch, 4 classes."""
+    """What OpenVinoProgram reads of a compiled model: its requests, a static (or dynamic) batch, 4 classes."""
 
     class _Port:
         def __init__(self, static: bool) -> None:
@@ -218,15 +252,15 @@ class _FakeCompiled:
         def __getitem__(self, k: int):
             return type("Dim", (), {"get_length": lambda _self: 4})()
 
-    def __init__(self, requests: int) -> None:
-        self.requests = requests
+    def __init__(self, requests: int, static: bool) -> None:
+        self.requests, self.static = requests, static
 
     def get_property(self, name: str) -> int:
         assert name == "OPTIMAL_NUMBER_OF_INFER_REQUESTS"
         return self.requests
 
     def input(self, k: int):
-        return self._Port(static=False)
+        return self._Port(static=self.static)
 
     def output(self, k: int):
         return self._Port(static=True)
@@ -266,11 +300,11 @@ class _FakeQueue:
             self._finish_oldest()
 
 
-def _fake_program(requests: int):
+def _fake_program(requests: int, static: bool = True):
     from autohet.executors.cpu_backends._openvino import OpenVinoProgram
 
     queue = _FakeQueue(requests)
-    return OpenVinoProgram(_FakeCompiled(requests), 16, (1, 2, 2), queue=queue), queue
+    return OpenVinoProgram(_FakeCompiled(requests, static), 16, (1, 2, 2), queue=queue), queue
 
 
 def _sums(x: np.ndarray) -> np.ndarray:
@@ -304,7 +338,7 @@ def test_openvino_drops_an_announced_call_that_is_not_asked_for():
     np.testing.assert_array_equal(program.collect(a), _sums(x[:32]))
     c = program.launch(x[:16], 16)
     np.testing.assert_array_equal(program.collect(c), _sums(x[:16]))
-    assert [call for call, _ in queue.started] == [id(a), id(a), id(c), id(c)]  # none of b's
+    assert [call for call, _ in queue.started] == [id(a), id(a), id(c)]  # none of b's
     assert not program.pending
 
 

@@ -67,6 +67,10 @@ class CpuProgram(ABC):
         batch) did not; 0 where it does not."""
         return 0
 
+    def fill_images(self, batch: int) -> int:
+        """Images of one call that give every stream of the program work (a batch, where one batch does)."""
+        return batch
+
 
 class CpuBackend(ABC):
     """One way of running a model on a pinned CPU group. ``build`` runs on the executor's pinned thread

@@ -63,13 +63,16 @@ class _Call:
 
 
 class OpenVinoProgram(CpuProgram):
-    """A compiled model and an infer-request queue over it. With one request the model has a static
-    batch (partial batches padded); with several (one per stream) each batch is split into one piece
-    per request, so a unit of a single batch keeps every stream busy: on the 2-core box resnet18 ran
-    20 img/s with a whole batch per request (one of two streams idle), 37-41 split. A call of several
-    batches is spread over the requests in even pieces of at most a batch, not cut into pieces of
-    batch/requests: on the H200 box's 15 cores (15 bf16 streams) a 16-image batch gave pieces of 2 and
-    resnet18 ran 996 img/s in a single trial against 1298 for OpenVINO's own 16 images a request.
+    """A compiled model and an infer-request queue over it, a batch per request.
+
+    The model has a static batch (a call's last partial batch padded with zero rows), as OpenVINO's own
+    THROUGHPUT peer: with a dynamic batch OpenVINO's THROUGHPUT hint ran 3 streams on the 15 cores of
+    the H200 box where the static batch ran 15 (BENCHMARKS.md 17), and explicit streams on a dynamic
+    batch ran 0.64-0.89x the peer. A call of several batches gives a batch to each free request; the
+    executor sends calls of enough batches (``fill_images``) that two in flight keep every request busy.
+    ``OpenVinoBackend.dynamic_batch`` (kept to measure against, ``bench.cpu_executor_sweep``) builds the
+    earlier dynamic-batch model instead, whose calls are spread over the requests in even pieces of at
+    most a batch (``piece_size``).
 
     Asynchronous (``launch``/``collect``): a launched call's pieces wait in one FIFO of pieces and go to
     the requests as they free up; ``collect`` feeds that FIFO until its call is done, so pieces of a call
@@ -161,9 +164,16 @@ class OpenVinoProgram(CpuProgram):
         return self.collect(self.launch(x, batch))
 
     def warm_images(self, unit: int) -> int:
-        """A dynamic-batch model prepares each new piece size on each stream the first time it meets it:
-        one call of a piece per request warms the size a ``unit``-image call is cut into."""
-        return 0 if self.static else self.requests * piece_size(unit, self.requests, self.most)
+        """Every request's first inference sets up its stream: a static model warms with a batch per
+        request. A dynamic-batch model prepares each new piece size on each stream the first time it meets
+        it: one call of a piece per request warms the size a ``unit``-image call is cut into."""
+        if self.static:
+            return self.batch * self.requests if self.requests > 1 else 0
+        return self.requests * piece_size(unit, self.requests, self.most)
+
+    def fill_images(self, batch: int) -> int:
+        """A batch per request with a static model; a dynamic one spreads a single batch over them all."""
+        return batch * self.requests if self.static else batch
 
     def describe(self) -> dict[str, Any]:
         hint = self.compiled.get_property("INFERENCE_PRECISION_HINT")  # what runs: bf16 or f32
@@ -178,6 +188,7 @@ class OpenVinoBackend(CpuBackend):
     precisions = ("fp32", "bf16")
     warm_full_batch = True
     asynchronous = True
+    dynamic_batch = False  # the earlier dynamic-batch model, kept to measure against (see OpenVinoProgram)
 
     def missing(self) -> str | None:
         try:
@@ -210,7 +221,7 @@ class OpenVinoBackend(CpuBackend):
         xml = converted("openvino", source, shape, f"openvino-{ov.__version__}", (".xml", ".bin"), write)
         model = _core().read_model(str(xml))
         threads = max(1, len(spec.cores))
-        if spec.streams == 1 or threads == 1:  # one request: a static batch (lenet batch 1: 0.34 ms, 0.55 dynamic)
+        if not self.dynamic_batch or spec.streams == 1 or threads == 1:  # lenet batch 1: 0.34 ms, 0.55 dynamic
             model.reshape([spec.batch, *shape])
         config: dict[str, Any] = {
             # explicit: on AMX and AVX512-BF16 CPUs OpenVINO's default is bf16, so fp32 must be asked for
