@@ -247,9 +247,10 @@ class _Remote:
         self.remote = fn
 
 
-def test_a_single_slower_than_the_sizing_speed_is_timed_by_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
-    """run_trial's sizing decision without Ray: a single's executor measured alone first; sized (and cut)
-    by that speed where it is below the speed trials are sized by, by the fastest trial otherwise."""
+def test_a_single_is_timed_by_its_own_speed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_trial's sizing decision without Ray: a single's executor measured alone first (once per
+    configuration), then sized and cut by that speed, slower or faster than the fastest trial so far;
+    other strategies by the fastest trial."""
     import ray
 
     from autohet.objectives import TrialKey
@@ -265,9 +266,13 @@ def test_a_single_slower_than_the_sizing_speed_is_timed_by_its_own(monkeypatch: 
     setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
                                  "throughput", "m", 16, 0.5, 10, cut_factor=4.0)
     phases = {TrialKey.STANDALONE: 0.0}
-    slower = trainable._slower_single
-    assert slower("single", {"executor": 1}, Manager, setup, 70_000.0, phases) == 900.0 and measured == [1]
-    assert slower("single", {"executor": 0}, Manager, setup, 70_000.0, phases) is None  # the fastest itself
-    assert slower("hat", {}, Manager, setup, 70_000.0, phases) is None and measured == [1]
+    own = trainable._single_speed
+    assert own("single", {"executor": 1}, Manager, setup, phases) == 900.0 and measured == [1]
+    assert own("single", {"executor": 0}, Manager, setup, phases) == 70_000.0 and measured == [1]  # known
+    assert own("hat", {}, Manager, setup, phases) is None and measured == [1]
+    sizing = trainable.TrialSizing(target_s=3.0, min_images=32, max_images=1_000_000, base_ips=120.0)
+    spec = load_pool("actors/cpu2.yaml")
+    assert trainable.trial_images(sizing, None, spec, own_ips=1041.0, single=0) == 2896  # not 362 at 120 img/s
+    assert trainable.trial_images(sizing, None, spec) == 362
     assert trainable._cut_deadline(Manager, setup, 2896, 900.0) == pytest.approx(4 * 2896 / 900)
     assert trainable._cut_deadline(Manager, setup, 2896) == trainable.CUT_FLOOR_S  # 4 x 2896 / 70000 s

@@ -197,10 +197,10 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     phases[TrialKey.ACQUIRE] = time.perf_counter() - started - phases.get(TrialKey.COOL, 0.0)
     phases[TrialKey.COMPILE] = compile_s
     workload, deadline_s = setup.workload, setup.deadline_s
-    own = None  # a single's executor's own speed, where slower than the speed the trials are sized by
+    own = None  # a single's executor's own speed: its trial is sized and cut by it
     if setup.sizing is not None and not objectives.mode.per_request:
         best = ray.get(manager.best_speed.remote())
-        own = _slower_single(strategy, params, manager, setup, max(setup.sizing.base_ips, best or 0.0), phases)
+        own = _single_speed(strategy, params, manager, setup, phases)
         images = trial_images(setup.sizing, best, spec, own, params.get("executor") if own else None)
         workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images, own)
     ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
@@ -258,26 +258,28 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
 
 def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None,
                  single: int | None = None) -> int:
-    """A throughput trial's images: ``sizing``'s (at ``own_ips``, a slower single's own speed, where
-    given), and at least two batches of each executor (of executor ``single`` alone, for such a single):
-    a slow model (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor,
-    whose figures moved by 20% from run to run and picked configurations that ran slower when rerun."""
+    """A throughput trial's images: ``sizing``'s (at ``own_ips``, a single's own speed, where given),
+    and at least two batches of each executor (of executor ``single`` alone, for such a single): a slow
+    model (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor, whose
+    figures moved by 20% from run to run and picked configurations that ran slower when rerun."""
     images = sizing.images_at(own_ips) if own_ips else sizing.images(best_ips)
     executors = spec.executors[single:single + 1] if single is not None else spec.executors
     return max(images, 2 * sum(e.batch for e in executors))
 
 
-def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup, sized_ips: float,
-                   phases: dict[str, float]) -> float | None:
-    """A ``single`` trial's executor speed (its standalone figure, measured once per configuration)
-    where it is below ``sized_ips``, the speed the trials are sized by; else None.
+def _single_speed(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup,
+                  phases: dict[str, float]) -> float | None:
+    """A ``single`` trial's executor speed (its standalone figure, measured once per configuration);
+    None for other strategies or where it cannot be measured.
 
-    Such a trial is sized to its own speed and cut only against it: the first points run ``single`` on
-    the CPU group at each backend and precision to find its best settings before any strategy splits
-    the work. Sized for the GPU beside it and cut at 1/cut_factor of the GPU's speed, all eight of them
-    were cut in a default resnet18 tune on the H100 box (~12 s each, their actors replaced), and the
-    strategies after them ran their CPU groups at the pool's eager fp32: acquiring executors took 31%
-    of its wall time, cut trials 56% of its budget (BENCHMARKS 23)."""
+    Such a trial is sized to its own speed and cut only against it, slower or faster than the speed
+    the trials are sized by: the first points run ``single`` on the CPU group at each backend and
+    precision to find its best settings before any strategy splits the work. Sized for the GPU beside
+    it and cut at 1/cut_factor of the GPU's speed, all eight of them were cut in a default resnet18
+    tune on the H100 box (~12 s each, their actors replaced), and the strategies after them ran their
+    CPU groups at the pool's eager fp32 (BENCHMARKS 23). Sized at a CPU-only pool's own eager speed,
+    the first point (OpenVINO bf16, 15 streams, 1041 img/s alone) ran 362 images in 0.4 s, measured
+    904 img/s, and lost to a 3-stream setting its 3 s trials measured at 1035 (BENCHMARKS 24)."""
     import ray
 
     index = params.get("executor")
@@ -289,7 +291,7 @@ def _slower_single(strategy: str, params: dict[str, Any], manager: Any, setup: T
     except Exception:  # e.g. its actor died: sized as any trial, whose run meets (and reports) that
         known = None
     phases[TrialKey.STANDALONE] += time.perf_counter() - t0
-    return known if known and known < sized_ips else None
+    return known or None
 
 
 _REFERENCES: dict[str, np.ndarray] = {}  # this trial process's reference outputs, kept across trials
@@ -305,8 +307,8 @@ def _references(setup: TrialSetup) -> dict[str, np.ndarray]:
 
 def _cut_deadline(manager: Any, setup: TrialSetup, images: int, own_ips: float | None = None) -> float | None:
     """A throughput run taking ``cut_factor`` times longer than the fastest valid speed so far needs
-    for its images is that much slower: it is cut there instead of run to the end. A slower single sized
-    to its own speed (``own_ips``) is cut against that speed instead."""
+    for its images is that much slower: it is cut there instead of run to the end. A single sized to its
+    own speed (``own_ips``) is cut against that speed instead."""
     import ray
 
     if setup.objectives.mode.per_request or not setup.cut_factor:
