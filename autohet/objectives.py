@@ -65,6 +65,7 @@ class TrialKey:
     TEMP_MAX = "temp_max_c"
     PRIMARY = "objective_value"  # the first objective's figure, as the searcher reads it
     BEST_PRIMARY = "best_objective_value"  # the parent run's: the best trial's PRIMARY
+    FINAL = "final_objective_value"  # a finalist's median PRIMARY over the finals (autohet.tuning.finals)
     PHASE_PREFIX = "time."  # where a trial's seconds went: ``phase(name)``
     ACQUIRE = "time.acquire_s"
     STANDALONE = "time.standalone_s"

@@ -43,7 +43,8 @@ def setup_dir(tmp_path: Path, trials: int, broken: bool = False) -> tuple[Path, 
     if broken:
         (spaces / "broken.yaml").write_text("strategies:\n  broken:\n    c: {type: int, low: 50, high: 100}\n")
     conf = {"trials": trials, "time_budget_s": 600, "images": 1500, "standalone_seconds": 0.1,
-            "check_images": 8, "search_spaces": str(spaces), "pool": str(REPO / "actors/cpu2.yaml")}
+            "check_images": 8, "search_spaces": str(spaces), "pool": str(REPO / "actors/cpu2.yaml"),
+            "finalists": 2, "final_rounds": 1, "final_within": 0.99}  # finals whatever the figures
     (tmp_path / "conf.yaml").write_text(yaml.safe_dump(conf))
     env = dict(os.environ, PYTHONPATH=str(REPO), AUTOHET_PLUGINS="tests.plugin_broken" if broken else "",
                RAY_TMPDIR="/tmp")
@@ -108,8 +109,15 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path):
     assert best["measured"]["output_ok"] is True
     assert best["mlflow"]["run_id"] in {r.info.run_id for r in trials}
     assert best["platform"]["cpu_cores"] == os.cpu_count()
+    # the finals: the two best distinct configurations ran again; the better final figure is exported
+    assert "autohet: finals (2 configurations within 99% of the best trial, 1 round(s) by turns)" in proc.stderr
+    finalists = [r for r in trials if r.data.tags.get("finalist") == "true"]
+    assert len(finalists) == 2 and all(r.data.tags["status"] == "ok" for r in finalists)
+    winner = max(finalists, key=lambda r: r.data.metrics["final_objective_value"])
+    assert parent.data.tags["final_choice"] == winner.info.run_id == best["mlflow"]["run_id"]
     valid = [r.data.metrics["objective_value"] for r in trials if r.data.tags["valid"] == "true"]
-    assert best["measured"]["throughput_ips"] == pytest.approx(max(valid))
+    assert max(valid) in {r.data.metrics["objective_value"] for r in finalists}  # the best trial is one of them
+    assert best["measured"]["throughput_ips"] == pytest.approx(winner.data.metrics["objective_value"])
 
     rerun = autohet(["run", "--config", "runs/e2e/best.yaml", "--in-process", "--json"], cwd, env)
     assert rerun.returncode == 0, rerun.stderr

@@ -31,7 +31,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from autohet.objectives import ObjectiveSet
-    from autohet.tracking import constraints_from, experiment_runs, export_run, pick_trial, summarize, tune_objective
+    from autohet.tracking import (
+        constraints_from,
+        experiment_runs,
+        export_run,
+        final_pick,
+        pick_trial,
+        summarize,
+        tune_objective,
+    )
 
     constraints = constraints_from({"max_watts": args.max_watts, "min_ips": args.min_ips, "max_ms": args.max_ms})
     if args.run_id and constraints:
@@ -51,7 +59,8 @@ def main(args: argparse.Namespace) -> int:
         valid = [r for r in summarize(runs, objective) if r["best"] is not None]
         if not valid:
             raise UserError(f"experiment {args.experiment} has no valid trial to export")
-        run_id = valid[0]["run_id"]
+        chosen = final_pick(runs, ObjectiveSet.parse(objective))  # the finals' winner, where they ran
+        run_id = chosen.info.run_id if chosen is not None else valid[0]["run_id"]
     out = Path(args.out or (Path("runs") / args.experiment / (f"{run_id}.yaml" if named else "best.yaml")))
     config = export_run(client, run_id, out, None, args.experiment)
     figures = ", ".join(f"{config['measured'][key]:.4g} {unit}" for key, unit in

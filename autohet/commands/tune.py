@@ -60,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"\n{outcome.front_note}")
     if outcome.best_path:
         b = outcome.best
-        print(f"\nbest: {b['strategy']} {b['params']} -> {outcome.best_path}")
+        finals = " (the finals' winner)" if b.get("mlflow", {}).get("run_id") != outcome.summary[0]["run_id"] else ""
+        print(f"\nbest: {b['strategy']} {b['params']}{finals} -> {outcome.best_path}")
         print(f"rerun: autohet run --config {outcome.best_path}")
         return 0
     if outcome.trials_done == 0:

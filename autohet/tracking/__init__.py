@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autohet.tracking._export import TuneOutcome, export_run, record_outcome
-from autohet.tracking._logger import TrialLogger
+from autohet.tracking._logger import CONFIG_TAG, TrialLogger
 from autohet.tracking._select import CONSTRAINTS, Constraint, constraints_from, pick_trial
 from autohet.tracking._status import FINISHED, STATUSES
 from autohet.tracking._store import (
@@ -15,10 +15,11 @@ from autohet.tracking._store import (
     trial_runs,
     tune_objective,
 )
-from autohet.tracking._summary import front, run_status, summarize
+from autohet.tracking._summary import final_pick, front, run_status, summarize
 
 __all__ = [
-    "CONSTRAINTS", "FINISHED", "STATUSES", "Constraint", "TrialLogger", "TuneOutcome", "artifact_location",
-    "constraints_from", "default_tracking_uri", "ensure_experiment", "experiment_runs", "export_run", "front",
-    "mlflow_client", "pick_trial", "record_outcome", "run_status", "summarize", "trial_runs", "tune_objective",
+    "CONFIG_TAG", "CONSTRAINTS", "FINISHED", "STATUSES", "Constraint", "TrialLogger", "TuneOutcome",
+    "artifact_location", "constraints_from", "default_tracking_uri", "ensure_experiment", "experiment_runs",
+    "export_run", "final_pick", "front", "mlflow_client", "pick_trial", "record_outcome", "run_status", "summarize",
+    "trial_runs", "tune_objective",
 ]

@@ -12,7 +12,7 @@ from autohet.config import load_config, write_config
 from autohet.errors import UserError
 from autohet.objectives import ObjectiveSet, TrialKey
 from autohet.tracking._store import trial_runs
-from autohet.tracking._summary import front, run_status, summarize
+from autohet.tracking._summary import final_pick, front, run_status, summarize
 
 __all__ = ["TuneOutcome", "export_run", "record_outcome"]
 
@@ -66,10 +66,11 @@ class TuneOutcome:
 
 def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: str, objectives: ObjectiveSet,
                    exp_dir: Path, platform: dict[str, Any]) -> TuneOutcome:
-    """Exports the best valid trial (the first objective's best; with two objectives the front is
-    tagged ``pareto`` and plotted), logs the comparison plot, and returns the tune's outcome. The
-    front holds only trials that measured every objective: where energy could not be read, it is
-    empty and ``front_note`` says why (the trials' ``unavailable.*`` reasons)."""
+    """Exports the best valid trial (the finals' winner where they ran, else the first objective's
+    best trial; with two objectives the front is tagged ``pareto`` and plotted), logs the comparison
+    plot, and returns the tune's outcome. The front holds only trials that measured every objective:
+    where energy could not be read, it is empty and ``front_note`` says why (the trials'
+    ``unavailable.*`` reasons)."""
     from autohet.tracking.plots import comparison_figure, pareto_figure
 
     runs = trial_runs(client, experiment_id, parent_id)
@@ -92,7 +93,10 @@ def record_outcome(client: Any, experiment: str, experiment_id: str, parent_id: 
             front_note = _no_front(runs, objectives)
             client.set_tag(parent_id, "pareto", front_note[:5000])
     if valid:
-        best_row = valid[0]
+        chosen = final_pick(runs, objectives) if not objectives.multi else None  # the finals' winner
+        best_row = valid[0] if chosen is None else {
+            "run_id": chosen.info.run_id, "strategy": chosen.data.tags.get("strategy", "?"),
+            "best": objectives.primary.value(chosen.data.metrics)}
         best_path = exp_dir / "best.yaml"
         best = export_run(client, best_row["run_id"], best_path, platform, experiment)
         client.log_artifact(parent_id, str(best_path))

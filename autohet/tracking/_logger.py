@@ -8,7 +8,12 @@ from typing import Any
 from autohet.tracking._status import FINISHED, STATUSES
 from autohet.tracking._store import mlflow_client
 
-__all__ = ["TrialLogger"]
+__all__ = ["CONFIG_TAG", "TrialLogger"]
+
+# The trial's Tune config as JSON: what the finals run again (``autohet.tuning.finals``). MLflow's
+# params hold it too, but as text that loses its types.
+CONFIG_TAG = "tune_config"
+MAX_TAG_CHARS = 5000
 
 
 class TrialLogger:
@@ -36,6 +41,9 @@ class TrialLogger:
                 "status": status, "valid": str(valid).lower(), "simulated": str(bool(result.get("simulated"))).lower(),
                 "output_check": {"ok": "passed", "invalid": "failed"}.get(status, "not run"),
                 "trial_index": str(index), "tune_trial_id": tune_trial_id}
+        config_json = json.dumps(config, default=str)
+        if len(config_json) <= MAX_TAG_CHARS:
+            tags[CONFIG_TAG] = config_json
         if config.get("optuna_trial") is not None:
             tags["optuna_trial"] = str(config["optuna_trial"])
         run = client.create_run(self.experiment_id, run_name=f"trial-{index:03d}-{strategy}", tags=tags)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from autohet.objectives import ObjectiveSet
+from autohet.objectives import ObjectiveSet, TrialKey
 from autohet.tracking._status import STATUSES
 
-__all__ = ["front", "run_status", "summarize"]
+__all__ = ["final_pick", "front", "run_status", "summarize"]
 
 
 def run_status(run: Any) -> str:
@@ -56,3 +56,18 @@ def front(runs: list[Any], objectives: ObjectiveSet) -> list[Any]:
             scored.append((run, values))
     keep = objectives.front([v for _, v in scored])
     return [scored[i][0] for i in keep]
+
+
+def final_pick(runs: list[Any], objectives: ObjectiveSet) -> Any | None:
+    """The finals' winner: among the trials of the tune that holds the best ok trial of ``runs``, the
+    ok one with the best median over the finals (``TrialKey.FINAL``, the first objective's figure);
+    None where that tune held no finals."""
+    primary = objectives.primary
+    ok = [(primary.value(run.data.metrics), run) for run in runs if run_status(run) == "ok"]
+    ok = [(v, run) for v, run in ok if v is not None]
+    if not ok:
+        return None
+    tune = min(ok, key=lambda vr: primary.rank(vr[0]))[1].data.tags.get("mlflow.parentRunId")
+    scored = [(run.data.metrics[TrialKey.FINAL], run) for _, run in ok
+              if TrialKey.FINAL in run.data.metrics and run.data.tags.get("mlflow.parentRunId") == tune]
+    return min(scored, key=lambda vr: primary.rank(vr[0]))[1] if scored else None

@@ -25,16 +25,28 @@ class Progress:
         self.seconds: dict[str, float] = {}  # summed trial phases (time.*) and MLflow logging
         self.statuses: dict[str, int] = dict.fromkeys(STATUSES, 0)
         self.status_seconds: dict[str, float] = {}  # trial seconds by status (cut trials' share of the budget)
+        self.final_runs = 0  # the finals' runs (``autohet.tuning.finals``) and their seconds
+        self.final_s = 0.0
+
+    def add_phases(self, result: dict[str, Any]) -> None:
+        """A run's phases (``time.*``) into the wall-time account."""
+        for key, value in result.items():
+            if key.startswith(TrialKey.PHASE_PREFIX) and isinstance(value, int | float):
+                phase = key[len(TrialKey.PHASE_PREFIX):]
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + float(value)
+
+    def add_final(self, result: dict[str, Any]) -> None:
+        """A final run: its phases count as a trial's in the account, but it is not a trial."""
+        self.add_phases(result)
+        self.final_runs += 1
+        self.final_s += float(result.get(TrialKey.TRIAL, 0.0))
 
     def update(self, result: dict[str, Any], logging_s: float = 0.0) -> None:
         status = result.get("status", "error")
         self.statuses[status] = self.statuses.get(status, 0) + 1
         if status != "killed":
             self.done += 1
-        for key, value in result.items():
-            if key.startswith(TrialKey.PHASE_PREFIX) and isinstance(value, int | float):
-                phase = key[len(TrialKey.PHASE_PREFIX):]
-                self.seconds[phase] = self.seconds.get(phase, 0.0) + float(value)
+        self.add_phases(result)
         self.seconds["mlflow_log_s"] = self.seconds.get("mlflow_log_s", 0.0) + logging_s
         self.status_seconds[status] = self.status_seconds.get(status, 0.0) + float(result.get(TrialKey.TRIAL, 0.0))
         primary = self.objectives.primary
@@ -69,6 +81,8 @@ class Progress:
             cut = self.status_seconds.get("cut", 0.0)
             share = f", {100 * cut / self.time_budget_s:.0f}% of the time budget" if self.time_budget_s else ""
             statuses += f" (cut trials {cut:.0f} s{share})"
+        if self.final_runs:
+            statuses += f"; finals: {self.final_runs} runs, {self.final_s:.0f} s"
         if manager_stats is None:
             return (f"autohet: {self.done} trials in {wall:.0f} s: " + ", ".join(parts) + f", other {rest:.0f} s; "
                     f"trials: {statuses or 'none'}; the last trial, stopped by the time budget while its executors "

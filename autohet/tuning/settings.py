@@ -33,17 +33,24 @@ class TuneSettings:
     latency_runs: int = 50
     trial_timeout_s: float | str = "auto"  # auto: max(20 s, 10x the expected run time)
     cut_factor: float = 4.0  # throughput: cut a run longer than this x the fastest valid run so far (0: never)
+    finalists: int = 3  # the best distinct configurations measured again by turns before export (0: none)
+    final_rounds: int = 2  # ... this many times each
+    final_within: float = 0.15  # finalists: ok trials within this fraction of the best trial's figure
     max_temp: float | None = None  # C: a trial whose measured max temperature exceeds it is a violation
     cool_margin_c: float = 5.0  # with max_temp: each trial first waits until max_temp - this ...
     cool_max_s: float = 120.0  # ... for at most this many seconds
 
     def validate(self) -> TuneSettings:
         self.objective = ObjectiveSet.parse(str(self.objective)).name
-        for name in ("trials", "min_images", "check_images", "latency_runs"):
+        for name in ("trials", "min_images", "check_images", "latency_runs", "final_rounds"):
             if int(getattr(self, name)) < 1:
                 raise UserError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.max_images != "auto" and (not str(self.max_images).isdigit() or int(self.max_images) < 1):
             raise UserError(f"max_images must be 'auto' or a positive integer, got {self.max_images!r}")
+        if int(self.finalists) < 0:
+            raise UserError(f"finalists must be 0 (no finals) or more, got {self.finalists}")
+        if not 0 <= float(self.final_within) < 1:
+            raise UserError(f"final_within must be a fraction from 0 to below 1, got {self.final_within}")
         if float(self.time_budget_s) <= 0:
             raise UserError(f"time budget must be positive seconds, got {self.time_budget_s}")
         if self.images != "auto" and (not str(self.images).isdigit() or int(self.images) < 1):

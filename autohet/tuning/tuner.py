@@ -29,6 +29,7 @@ from autohet.pool.spec import POOL_DIMS
 from autohet.ray_runtime import get_interruptibly
 from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
+from autohet.tuning.finals import FINAL_SHARE
 from autohet.tuning.settings import TuneSettings
 from autohet.tuning.space import DefineByRun, SearchSpace, load_search_space
 from autohet.workload import Workload
@@ -127,7 +128,8 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
 
     The steps, in order: the experiment and its saved state, the search space, Ray, the pool and its
     manager, the trials' size and reference outputs, the MLflow parent run, the Optuna study, the
-    search, the summary and the export; the manager is stopped at the end whatever happened."""
+    search, the finals (the best few configurations again, by turns), the summary and the export;
+    the manager is stopped at the end whatever happened."""
     started = time.time()
     objectives: ObjectiveSet = settings.objectives
     exp = _open_experiment(model, settings, resume)
@@ -145,10 +147,15 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         storage = _open_study(exp, objectives, record, resume)
         progress, logged = _trials_so_far(settings, record)
         remaining = settings.trials - progress.done
+        budget_s = _trial_budget_s(settings, started)
+        finals_end = time.monotonic() + budget_s
+        finals = _finals_on(settings)
         if remaining > 0:
             searcher = _searcher(model, settings, space, pool.spec, exp.name, storage, resume)
-            _run_search(searcher, setup, remaining, _trial_budget_s(settings, started), exp.dir, record.logger,
-                        progress, logged)
+            _run_search(searcher, setup, remaining, budget_s * (1 - FINAL_SHARE) if finals else budget_s, exp.dir,
+                        record.logger, progress, logged)
+        if finals:
+            _hold_finals(setup, settings, record, progress, finals_end)
         stats = _summarize(pool.manager, progress)
         return _export(record, exp, objectives)
     finally:
@@ -431,6 +438,45 @@ def _run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s
                                   log_to_file=True),
     )
     tuner.fit()
+
+
+def _finals_on(settings: TuneSettings) -> bool:
+    """Finals need two finalists and one figure to rank them by (a Pareto tune exports its front)."""
+    return int(settings.finalists) >= 2 and not settings.objectives.multi
+
+
+def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: _Record, progress: Progress,
+                 end: float) -> None:
+    """The finals (``autohet.tuning.finals``) until ``end`` (``time.monotonic``), printed and logged
+    to MLflow; the export reads their winner from there."""
+    from autohet.tracking import trial_runs
+    from autohet.tuning.finals import (
+        final_choice,
+        finalists_of,
+        finals_table,
+        log_finals,
+        pick_finalists,
+        remote_runner,
+        run_finals,
+    )
+
+    primary = settings.objectives.primary
+    runs = trial_runs(record.client, record.experiment_id, record.parent_id)
+    finalists = pick_finalists(finalists_of(runs, primary), primary, int(settings.finalists),
+                               float(settings.final_within))
+    if not finalists:
+        return
+    rounds = run_finals(finalists, remote_runner(setup, progress.add_final), primary, int(settings.final_rounds),
+                        end)
+    winner = final_choice(finalists, primary)
+    log_finals(record.client, record.parent_id, finalists, winner, primary)
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    head = (f"{rounds} round(s) by turns" if rounds else "no round finished within the time budget: the best trial "
+            "is exported")
+    within = 100 * float(settings.final_within)
+    print(f"autohet: finals ({len(finalists)} configurations within {within:.0f}% of the best trial, "
+          f"{head}):\n{finals_table(finalists, primary, winner)}", file=sys.stderr, flush=True)
 
 
 def _summarize(manager: Any, progress: Progress) -> dict[str, int] | None:

@@ -1,0 +1,176 @@
+"""The finals: a tune's few best configurations measured again, by turns, before one is exported.
+
+A tune's best trial is the largest of many noisy figures, so it is biased upward, and the trials
+close to it are as likely to be the faster configuration. On the 2-core box the README job exported a
+``hat`` over one ONNX Runtime group whose trial measured 41.5 img/s, 7% above its own executor's
+``single`` (38.5); its reruns ran 0.94x that executor's peer (BENCHMARKS 24). So the ok trials within
+``final_within`` of the best (at most ``finalists``, distinct configurations) run again through the
+same trial path, one after another, for ``rounds`` rounds, in the time the search left (at least
+``FINAL_SHARE`` of the trial budget is kept for them); the one with the best median exports. A finalist
+whose final run is not ok (wrong outputs, cut, refused, an error) is out: it did not repeat.
+
+Pure decisions (``pick_finalists``, ``final_choice``) are separate from running them (``run_finals``,
+which takes the trial runner as a function) so tests drive them with fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autohet.objectives import Objective
+
+__all__ = ["FINAL_SHARE", "Finalist", "final_choice", "finals_table", "pick_finalists",
+           "run_finals"]
+
+# The share of the trial budget kept for the finals; they also get whatever the search left unused.
+FINAL_SHARE = 0.1
+
+
+@dataclass
+class Finalist:
+    """One configuration in the finals: its trial run, its Tune config, its trial figure and the
+    figures its final runs measured (``out``: why it left the finals)."""
+
+    run_id: str
+    strategy: str
+    config: dict[str, Any]
+    trial_value: float
+    trial_s: float = 0.0  # its trial's seconds: what one final run is expected to take
+    values: list[float] = field(default_factory=list)
+    out: str | None = None
+
+
+def pick_finalists(trials: list[Finalist], primary: Objective, count: int, margin: float) -> list[Finalist]:
+    """Up to ``count`` ok trials, best first, each a distinct configuration, within ``margin`` of the
+    best; fewer than two: no finals (an empty list)."""
+    if count < 2 or not trials:
+        return []
+    ranked = sorted(trials, key=lambda f: primary.rank(f.trial_value))
+    best = ranked[0].trial_value
+
+    def close(value: float) -> bool:
+        return value >= (1 - margin) * best if primary.direction == "max" else value <= (1 + margin) * best
+
+    chosen: list[Finalist] = []
+    seen: set[str] = set()
+    for f in ranked:
+        key = json.dumps({k: v for k, v in f.config.items() if k != "optuna_trial"}, sort_keys=True, default=str)
+        if key in seen or not close(f.trial_value):
+            continue
+        seen.add(key)
+        chosen.append(f)
+        if len(chosen) == count:
+            break
+    return chosen if len(chosen) >= 2 else []
+
+
+def run_finals(finalists: list[Finalist], run: Callable[[dict[str, Any]], dict[str, Any]], primary: Objective,
+               rounds: int, deadline: float, clock: Callable[[], float] = time.monotonic) -> int:
+    """Runs each finalist once per round, by turns, while the next run is expected to end before
+    ``deadline`` (``clock``'s time); returns the rounds every finalist still in finished."""
+    for _ in range(rounds):
+        for f in finalists:
+            if f.out is not None:
+                continue
+            if clock() + max(f.trial_s, 0.0) > deadline:
+                return _complete_rounds(finalists)
+            started = clock()
+            try:
+                result = run(f.config)
+            except Exception as exc:  # e.g. an actor died: this configuration did not repeat
+                f.out = f"error: {exc}"[:300]
+                continue
+            f.trial_s = clock() - started
+            value = primary.value(result) if result.get("status") == "ok" else None
+            if value is None:
+                f.out = f"{result.get('status', 'error')}: {result.get('error', '')}"[:300]
+            else:
+                f.values.append(value)
+    return _complete_rounds(finalists)
+
+
+def _complete_rounds(finalists: list[Finalist]) -> int:
+    counts = [len(f.values) for f in finalists if f.out is None]
+    return min(counts) if counts else 0
+
+
+def final_choice(finalists: list[Finalist], primary: Objective) -> Finalist | None:
+    """The finalist with the best median over the rounds every remaining finalist finished; None
+    where none finished a round (the best trial stays the choice)."""
+    rounds = _complete_rounds(finalists)
+    standing = [f for f in finalists if f.out is None]
+    if rounds == 0 or not standing:
+        return None
+    return min(standing, key=lambda f: primary.rank(statistics.median(f.values[:rounds])))
+
+
+def finals_table(finalists: list[Finalist], primary: Objective, winner: Finalist | None) -> str:
+    """The finals as printed at the end of a tune: each finalist's trial figure, final figures, median."""
+    rounds = _complete_rounds(finalists)
+    lines = []
+    for f in finalists:
+        figures = " ".join(f"{v:.4g}" for v in f.values) or "-"
+        median = f"{statistics.median(f.values[:rounds]):.4g}" if f.out is None and rounds else "-"
+        note = "  <- exported" if f is winner else (f"  out: {f.out}" if f.out else "")
+        lines.append(f"  {f.strategy:<10} trial {f.trial_value:<10.4g} finals {figures:<24} median {median}{note}")
+    return "\n".join(lines)
+
+
+def finalists_of(runs: list[Any], primary: Objective) -> list[Finalist]:
+    """The tune's ok trial runs (MLflow) as candidates: those whose Tune config was logged."""
+    from autohet.objectives import TrialKey
+    from autohet.tracking import CONFIG_TAG, run_status
+
+    out = []
+    for run in runs:
+        value = primary.value(run.data.metrics) if run_status(run) == "ok" else None
+        text = run.data.tags.get(CONFIG_TAG)
+        if value is None or not text:
+            continue
+        out.append(Finalist(run.info.run_id, run.data.tags.get("strategy", "?"), json.loads(text), value,
+                            float(run.data.metrics.get(TrialKey.TRIAL, 0.0))))
+    return out
+
+
+def remote_runner(setup: Any, on_result: Callable[[dict[str, Any]], None]
+                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A final run as the trials ran: ``run_trial`` in a Ray worker process of its own (the tune's
+    driver is not where trials run), its result handed to ``on_result`` (the tune's accounting)."""
+    import ray
+
+    from autohet.tuning.trainable import run_trial
+
+    task = ray.remote(num_cpus=0.01)(run_trial)  # as the trials' {"cpu": 0.01}
+    setup_ref = ray.put(setup)
+
+    def run(config: dict[str, Any]) -> dict[str, Any]:
+        result = ray.get(task.remote(config, setup_ref))
+        on_result(result)
+        return result
+
+    return run
+
+
+def log_finals(client: Any, parent_id: str, finalists: list[Finalist], winner: Finalist | None,
+               primary: Objective) -> None:
+    """Each finalist's final figures (``final.<metric>`` by step) and their median
+    (``TrialKey.FINAL``, which export reads), and the parent's ``final_choice`` tag."""
+    from mlflow.entities import Metric, RunTag
+
+    from autohet.objectives import TrialKey
+
+    rounds = _complete_rounds(finalists)
+    now = int(time.time() * 1000)
+    for f in finalists:
+        metrics = [Metric(f"final.{primary.metric}", v, now, i) for i, v in enumerate(f.values)]
+        if f.out is None and rounds:
+            metrics.append(Metric(TrialKey.FINAL, statistics.median(f.values[:rounds]), now, 0))
+        tags = [RunTag("finalist", "out" if f.out else "true")] + ([RunTag("finalist_out", f.out)] if f.out else [])
+        client.log_batch(f.run_id, metrics=metrics, tags=tags)
+    if winner is not None:
+        client.set_tag(parent_id, "final_choice", winner.run_id)

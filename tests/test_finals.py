@@ -1,0 +1,139 @@
+"""The finals (autohet.tuning.finals): who enters, the order they run in, the time they stop at, the
+winner, and which trial export takes (no Ray: the trial runner and the clock are fakes)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from autohet.errors import UserError
+from autohet.objectives import LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
+from autohet.tracking import final_pick
+from autohet.tuning.finals import Finalist, final_choice, finals_table, pick_finalists, run_finals
+from autohet.tuning.settings import load_settings
+
+
+def entrant(name: str, value: float, trial_s: float = 1.0, **config: object) -> Finalist:
+    return Finalist(f"run-{name}", name, {"strategy": name, **config}, value, trial_s)
+
+
+def test_finalists_are_distinct_configurations_within_the_margin_best_first():
+    trials = [entrant("quick", 90.0, p=8), entrant("single", 100.0, executor=0),
+              entrant("single", 97.0, executor=0, optuna_trial=7),  # the same configuration again
+              entrant("hat", 84.0, s=1), entrant("chunk", 95.0, w=64), entrant("fifo", 93.0, c=4)]
+    picked = pick_finalists(trials, THROUGHPUT, count=3, margin=0.15)
+    assert [(f.strategy, f.trial_value) for f in picked] == [("single", 100.0), ("chunk", 95.0), ("fifo", 93.0)]
+    assert [f.strategy for f in pick_finalists(trials, THROUGHPUT, count=9, margin=0.15)] == [
+        "single", "chunk", "fifo", "quick"]  # hat (84) is more than 15% below the best
+
+
+def test_no_finals_without_two_finalists():
+    one_close = [entrant("single", 100.0, executor=0), entrant("hat", 50.0, s=1)]
+    assert pick_finalists(one_close, THROUGHPUT, count=3, margin=0.15) == []
+    assert pick_finalists(one_close * 2, THROUGHPUT, count=1, margin=0.9) == []
+    assert pick_finalists([], THROUGHPUT, count=3, margin=0.15) == []
+
+
+def test_a_latency_tune_takes_the_lowest_figures():
+    trials = [entrant("single", 2.0, executor=0), entrant("hat", 2.2, s=1), entrant("quick", 2.5, p=1)]
+    assert [f.strategy for f in pick_finalists(trials, LATENCY, count=3, margin=0.15)] == ["single", "hat"]
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def runner(clock: FakeClock, figures: dict[str, list[object]], seconds: float = 1.0):
+    """Each call takes ``seconds`` of the fake clock and returns the strategy's next figure: a number
+    (ok), a status name (that status) or an exception (raised)."""
+    calls: list[str] = []
+
+    def run(config: dict) -> dict:
+        name = config["strategy"]
+        calls.append(name)
+        clock.now += seconds
+        figure = figures[name].pop(0)
+        if isinstance(figure, Exception):
+            raise figure
+        if isinstance(figure, str):
+            return {"status": figure, "error": "outputs differ"}
+        return {"status": "ok", TrialKey.THROUGHPUT: figure}
+
+    return run, calls
+
+
+def test_finals_run_by_turns_and_the_best_median_wins():
+    clock = FakeClock()
+    finalists = [entrant("hat", 41.5, s=1), entrant("single", 38.5, executor=0)]
+    run, calls = runner(clock, {"hat": [39.0, 39.4, 38.8], "single": [40.2, 40.0, 40.6]})
+    assert run_finals(finalists, run, THROUGHPUT, rounds=3, deadline=100.0, clock=clock) == 3
+    assert calls == ["hat", "single"] * 3
+    winner = final_choice(finalists, THROUGHPUT)
+    assert winner is finalists[1] and winner.values == [40.2, 40.0, 40.6]
+    table = finals_table(finalists, THROUGHPUT, winner)
+    assert "median 40.2  <- exported" in table and "median 39" in table
+
+
+def test_a_finalist_whose_run_is_not_ok_is_out():
+    clock = FakeClock()
+    finalists = [entrant("hat", 50.0, s=1), entrant("quick", 48.0, p=8), entrant("single", 45.0, executor=0)]
+    run, calls = runner(clock, {"hat": [60.0, "invalid"], "quick": [RuntimeError("actor died"), 99.0],
+                                "single": [44.0, 46.0]})
+    assert run_finals(finalists, run, THROUGHPUT, rounds=2, deadline=100.0, clock=clock) == 2
+    assert calls == ["hat", "quick", "single", "hat", "single"]
+    assert finalists[0].out.startswith("invalid: outputs differ") and "actor died" in finalists[1].out
+    assert final_choice(finalists, THROUGHPUT) is finalists[2]  # the faster ones did not repeat
+    assert "out: invalid" in finals_table(finalists, THROUGHPUT, finalists[2])
+
+
+def test_the_finals_stop_before_a_run_that_would_end_past_the_deadline():
+    clock = FakeClock()
+    finalists = [entrant("hat", 50.0, trial_s=2.0, s=1), entrant("single", 49.0, trial_s=2.0, executor=0)]
+    run, calls = runner(clock, {"hat": [50.0, 70.0], "single": [52.0, 10.0]}, seconds=2.0)
+    # 2 s a run: hat, single, hat fit in 7 s; single's second would end at 8 s
+    assert run_finals(finalists, run, THROUGHPUT, rounds=2, deadline=7.0, clock=clock) == 1
+    assert calls == ["hat", "single", "hat"]
+    winner = final_choice(finalists, THROUGHPUT)  # complete rounds only: hat's second figure is not counted
+    assert winner is finalists[1]
+
+
+def test_no_round_finished_leaves_the_choice_to_the_best_trial():
+    clock = FakeClock()
+    finalists = [entrant("hat", 50.0, trial_s=30.0, s=1), entrant("single", 49.0, trial_s=30.0, executor=0)]
+    run, calls = runner(clock, {"hat": [1.0], "single": [1.0]})
+    assert run_finals(finalists, run, THROUGHPUT, rounds=2, deadline=10.0, clock=clock) == 0
+    assert calls == [] and final_choice(finalists, THROUGHPUT) is None
+
+
+def fake_run(run_id: str, parent: str, value: float, final: float | None = None, status: str = "ok"):
+    metrics = {TrialKey.THROUGHPUT: value}
+    if final is not None:
+        metrics[TrialKey.FINAL] = final
+    return SimpleNamespace(info=SimpleNamespace(run_id=run_id),
+                           data=SimpleNamespace(metrics=metrics, params={},
+                                                tags={"status": status, "mlflow.parentRunId": parent}))
+
+
+def test_export_takes_the_finals_winner_of_the_tune_that_holds_the_best_trial():
+    objectives = ObjectiveSet.parse("throughput")
+    runs = [fake_run("a", "tune1", 100.0, final=90.0), fake_run("b", "tune1", 95.0, final=97.0),
+            fake_run("c", "tune1", 80.0), fake_run("x", "tune0", 70.0, final=200.0),
+            fake_run("bad", "tune1", 120.0, final=300.0, status="invalid")]
+    assert final_pick(runs, objectives).info.run_id == "b"
+    assert final_pick([r for r in runs if r.info.run_id != "b"], objectives).info.run_id == "a"
+    no_finals = [fake_run("a", "tune2", 100.0), fake_run("x", "tune0", 70.0, final=200.0)]
+    assert final_pick(no_finals, objectives) is None  # the best trial's tune held none: export takes it
+
+
+def test_finals_settings_are_checked():
+    settings = load_settings(None, {})
+    assert (settings.finalists, settings.final_rounds, settings.final_within) == (3, 2, 0.15)
+    for bad, message in (({"finalists": -1}, "finalists must be 0"), ({"final_rounds": 0}, "final_rounds must be"),
+                         ({"final_within": 1.0}, "final_within must be a fraction")):
+        with pytest.raises(UserError, match=message):
+            load_settings(None, bad)
