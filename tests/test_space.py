@@ -127,8 +127,8 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
 
 def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monkeypatch):
     """After both stages, while acquiring took more than ACQUIRE_SHARE_CAP of the tune's time, each
-    sampled point is asked with the best trial's pool dims (no new topology); under it, the sampler
-    picks them freely."""
+    sampled point is asked with the best trial's pool dims (no new topology) and each kind at its best
+    single's settings (no new build); under it, the sampler picks them freely."""
     from autohet.objectives import ObjectiveSet, TrialKey
     from autohet.tuning import search as search_module
     from autohet.tuning.search import SingleKind, StagedSearch
@@ -150,12 +150,15 @@ def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monke
     assert search.acquire_share() == pytest.approx(0.4)
     kept = [search.suggest(f"k{n}") for n in range(6)]
     assert {c["pool.cpu_group_size"] for c in kept} == {2} and {c["pool.gpu_partitions"] for c in kept} == {1}
+    assert {(c["exec.cpu.backend"], c["exec.cpu.batch"], c["exec.cpu.precision"]) for c in kept} == {
+        ("eager", 16, "fp32")}  # the CPU's best single's settings
     assert len({(c["strategy"], c.get("fifo.c")) for c in kept}) > 1  # the rest is still sampled
     for n in range(6):
         search.on_trial_complete(f"k{n}", {"status": "ok", "objective_value": 10.0, TrialKey.ACQUIRE: 0.0})
     clock[0] += 1000.0  # acquiring now 4 s of 1010: under the cap
     free = [search.suggest(f"f{n}") for n in range(12)]
     assert len({c["pool.cpu_group_size"] for c in free}) > 1
+    assert len({(c["exec.cpu.backend"], c["exec.cpu.batch"]) for c in free}) > 1
 
 
 def test_restrict_keeps_single_and_checks_names():

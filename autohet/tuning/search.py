@@ -5,8 +5,9 @@ strategy points wait until every single has reported, then go in with each execu
 best single's settings: a data-parallel trial on CPU groups runs OpenVINO bf16 where the singles
 found it fastest, not the pool file's eager fp32. After both stages, while acquiring executors has
 taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, each sampled point keeps the pool dims of
-the best trial so far (its actors are alive): the sampler still picks the strategy and every other
-parameter, but starts no new topology.
+the best trial so far (its actors are alive) and each executor kind at its best single's settings
+(their builds are kept): the sampler still picks the strategy and its parameters, but starts no new
+topology and compiles no new executor setting.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 # Acquiring executors (a topology's new actors started, models built and compiled) is held to this share
 # of a tune's wall time. A default resnet18 tune on the H100 box spent 131 s of its 168 s of acquiring in
 # its last six trials, each sampled onto a new CPU group size or GPU partitioning (14-31 s apiece), none
-# of them near its best (BENCHMARKS 23).
+# of them near its best (BENCHMARKS 23); with the pool dims kept, its trials 25-29 still spent 43 s of
+# its 97 s compiling executor settings sampled anew (GPU tf32, bf16, batch 64), none near its best
+# (BENCHMARKS 25).
 ACQUIRE_SHARE_CAP = 0.15
 
 
@@ -73,15 +76,19 @@ class StagedSearch(OptunaSearch):
         return config
 
     def _keep_topology(self) -> None:
-        """Past the acquire cap, the next sampled point is asked with the best trial's pool dims fixed
-        (an enqueued partial point: Optuna samples the rest); stage two's own points go first."""
+        """Past the acquire cap, the next sampled point is asked with the best trial's pool dims and
+        each kind's best single settings fixed (an enqueued partial point: Optuna samples the rest);
+        stage two's own points go first."""
         import optuna
 
-        if self.best_pool is None or not self.best_pool[1] or self.acquire_share() <= ACQUIRE_SHARE_CAP:
+        if self.best_pool is None or self.acquire_share() <= ACQUIRE_SHARE_CAP:
             return
-        if self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+        fixed = dict(self.best_pool[1])
+        for _, values in self.best.values():
+            fixed.update(values)
+        if not fixed or self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
-        self._ot_study.enqueue_trial(dict(self.best_pool[1]))
+        self._ot_study.enqueue_trial(fixed)
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         super().on_trial_complete(trial_id, result, error)
