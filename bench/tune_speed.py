@@ -10,7 +10,7 @@ and the grid's best `single` are each rerun --repeats times after the grid; the 
 compared (tuned / best single executor).
 
     python -m bench.tune_speed --model resnet18 --trials 30        # GPU machine
-    python -m bench.tune_speed --smoke                             # CPU: lenet, 2 trials, tiny grid
+    python -m bench.tune_speed --smoke                             # CPU: lenet, 1 trial, tiny grid
 
 The grid measures standalone limits as the tune does (once per executor class and configuration).
 ``--phase tune`` / ``--phase grid`` with the same ``--work DIR`` split the two halves over two
@@ -123,7 +123,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
-        args.model, args.trials, args.pool, args.repeats = "lenet", 2, "actors/cpu2.yaml", 1
+        args.model, args.trials, args.pool, args.repeats = "lenet", 1, "actors/cpu2.yaml", 1
         gpu_grid, strategies = [{}], [("single", {}), ("fast_split", {})]
     else:
         gpu_grid = [{"batch": b, "precision": p, "channels_last": True}
