@@ -152,6 +152,9 @@ def test_resume_after_a_kill_with_a_trial_running_reaches_the_budget_and_loses_n
     monkeypatch.chdir(cwd)  # the refusal comes before Ray starts: the command in this process
     assert main(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill"]) == 2
     assert "--resume" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()  # and it left none here for the tests after this one
     resumed = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill", "--resume"],
                       cwd, env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
