@@ -10,7 +10,7 @@ and the grid's best `single` are each rerun --repeats times after the grid; the 
 compared (tuned / best single executor).
 
     python -m bench.tune_speed --model resnet18 --trials 30        # GPU machine
-    python -m bench.tune_speed --smoke                             # CPU: lenet, 2 trials, tiny grid
+    python -m bench.tune_speed --smoke                             # CPU: lenet, 1 trial, tiny grid, 4096 images
 
 The grid measures standalone limits as the tune does (once per executor class and configuration).
 ``--phase tune`` / ``--phase grid`` with the same ``--work DIR`` split the two halves over two
@@ -88,12 +88,13 @@ def run_grid(model: str, pool_path: str, images: int, gpu_grid: list[dict],
     return rows, again
 
 
-def rerun_config(path: Path, repeats: int) -> list[float]:
-    """The exported config run ``repeats`` times on its own pool (as `autohet run --config` does)."""
+def rerun_config(path: Path, repeats: int, images: int) -> list[float]:
+    """The exported config run ``repeats`` times over ``images`` on its own pool (as `autohet run --config`
+    does)."""
     config = load_config(path)
     pool = RayPool(config.pool)
     try:
-        workload = Workload.from_spec(WorkloadSpec(config.images, input_shape(config.model.name)))
+        workload = Workload.from_spec(WorkloadSpec(images, input_shape(config.model.name)))
         ctx = _context(config.model, workload)
         out = []
         for _ in range(repeats):
@@ -123,7 +124,7 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:
-        args.model, args.trials, args.pool, args.repeats = "lenet", 2, "actors/cpu2.yaml", 1
+        args.model, args.trials, args.pool, args.repeats = "lenet", 1, "actors/cpu2.yaml", 1
         gpu_grid, strategies = [{}], [("single", {}), ("fast_split", {})]
     else:
         gpu_grid = [{"batch": b, "precision": p, "channels_last": True}
@@ -150,10 +151,12 @@ def main() -> None:
     tune_s = float((work / "tune_wall_s").read_text())
     best = yaml.safe_load((work / "runs" / experiment / "best.yaml").read_text())
     images = int(best["workload"]["images"])
+    if args.smoke:  # the grid and the reruns over fewer images than the tune sized (32768 lenet images on
+        images = min(images, 4096)  # the 2-core box: 9 s a single run): the script's path, not its figures
     grid, single_again = run_grid(args.model, str(REPO / args.pool), images, gpu_grid, strategies, args.repeats)
     grid_best = max((r for r in grid if r["output_ok"]), key=lambda r: r["throughput_ips"])
     tuned = float(best["measured"]["throughput_ips"])
-    tuned_again = rerun_config(work / "runs" / experiment / "best.yaml", args.repeats)
+    tuned_again = rerun_config(work / "runs" / experiment / "best.yaml", args.repeats, images)
     rows = [{"model": args.model, "trials": args.trials, "tune_wall_s": tune_s, "images": images,
              "tuned_best": f"{best['strategy']} {best['params']} {best['executor_params']}", "tuned_ips": tuned,
              "grid_best": f"{grid_best['strategy']} {grid_best['params']} {grid_best['gpu']}",

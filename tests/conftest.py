@@ -15,7 +15,8 @@ def pytest_collection_modifyitems(config, items):
     """The test tiers: a test that uses the Ray fixture is a ``ray`` test (marked here, so it never
     runs in the Ray-free tier by omission); every ``ray`` test is also ``slow`` (a Ray start alone
     takes 8-20 s on the 2-core box: the quick tier, ``-m "not slow"``, stays under 3 minutes);
-    ``gpu`` tests skip without a CUDA GPU."""
+    ``gpu`` tests skip without a CUDA GPU. The tests that use the Ray fixture run last, in their
+    order: they share its one Ray (``ray_local``), and no other test runs while it is up."""
     import torch
 
     no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
@@ -26,6 +27,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
         if no_gpu is not None and item.get_closest_marker("gpu") is not None:
             item.add_marker(no_gpu)
+    items.sort(key=lambda item: "ray_local" in getattr(item, "fixturenames", ()))  # stable: order kept
 
 
 @pytest.fixture(autouse=True)
@@ -65,9 +67,10 @@ def _restore_pinning():
     vars(cpu._PINNED).clear()  # the thread's record of its pinning: the next executor on it pins again
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray for the module with declared fake resources: 2 CPUs and 1 (fake) GPU."""
+    """A local Ray with declared fake resources, 2 CPUs and 1 (fake) GPU, one for the session (a start
+    costs 5-10 s on the 2-core box): its tests run last (``pytest_collection_modifyitems``)."""
     import ray
 
     from autohet.ray_runtime import init_ray

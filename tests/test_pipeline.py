@@ -1,5 +1,6 @@
 """Pipelining (seed 002): the stage planner on made-up costs, pipelined numerics on two CPU groups,
-the strategy through ``run_strategy``, a 2-node Ray cluster (one stage actor per node), a tune."""
+the strategy through ``run_strategy``, a tune. Its stage actors on two Ray nodes are tested in
+test_ray_cluster.py (on that module's cluster)."""
 
 from __future__ import annotations
 
@@ -292,63 +293,6 @@ def test_the_throughput_space_offers_pipeline_next_to_data_parallel():
     from autohet.strategies import get_strategy
 
     get_strategy("pipeline").validate(params)
-
-
-# --- across two Ray nodes -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    import ray
-    from ray.cluster_utils import Cluster
-
-    from autohet.ray_runtime import init_ray, ray_temp_dir
-
-    if ray.is_initialized():
-        ray.shutdown()
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"stage_node_0": 1},
-                                                      "temp_dir": ray_temp_dir()})
-    c.add_node(num_cpus=1, resources={"stage_node_1": 1})
-    c.wait_for_nodes()
-    init_ray(address=c.address)
-    yield c
-    ray.shutdown()
-    c.shutdown()
-
-
-@pytest.mark.ray
-@pytest.mark.slow
-def test_stages_run_as_actors_on_their_nodes(cluster):
-    import ray
-
-    from autohet.context import RunContext
-    from autohet.executors import ExecutorSpec
-    from autohet.models import ModelSpec
-    from autohet.pool import PoolSpec, RayPool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
-
-    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
-    assert len(nodes) == 2
-    spec = PoolSpec("two-nodes", [ExecutorSpec("a", "cpu", (0,), batch=32, node="0"),
-                                  ExecutorSpec("b", "cpu", (1,), batch=32, node="1")])
-    pool = RayPool(spec)
-    ctx = RunContext(ModelSpec("lenet"), Workload.from_spec(WorkloadSpec(1024, (1, 28, 28))), check_images=16)
-    try:
-        m = run_strategy("pipeline", {"start": "given", "cuts": [1], "stages": [0, 1]}, pool, ctx)
-        planned = run_strategy("pipeline", {}, pool, ctx)
-    finally:
-        pool.shutdown()
-    for run in (m, planned):
-        assert run.output_ok, run.failures
-        assert run.extra["runtime"] == "ray-actors"
-        assert run.limit_ips > 0 and run.efficiency == pytest.approx(run.throughput_ips / run.limit_ips)
-        assert run.efficiency <= 1.02 and set(run.extra["single_ips"]) == {"a", "b"}
-    assert sorted(m.extra["nodes"].values()) == nodes  # one stage actor on each node
-    assert [s["device"] for s in m.extra["stages"]] == ["a", "b"]
-    assert all(s["frame_ms"] > 0 and s["compute_ms"] > 0 for s in m.extra["stages"])
-    assert {"host->a", "a->b", "b->a", "b->host"} <= set(planned.extra["links"])
-    assert planned.extra["modelled_bound_ips"] > 0
 
 
 # --- a tune that includes pipeline trials ---------------------------------------------------------------

@@ -1,4 +1,6 @@
-"""A 2-node local Ray cluster: executors placed on both nodes, one scheduler across them."""
+"""A 2-node local Ray cluster (one for the module: its start costs seconds): executors placed on both
+nodes, one scheduler across them, a pipeline's stage actors on their nodes, the CLI and the service
+spanning both."""
 
 from __future__ import annotations
 
@@ -52,6 +54,32 @@ def test_scheduler_runs_across_two_nodes(cluster):
     assert placed == nodes
     assert m.output_ok
     assert all(e.images > 0 for e in m.executors)
+
+
+def test_pipeline_stages_run_as_actors_on_their_nodes(cluster):
+    import ray
+
+    nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+    assert len(nodes) == 2
+    spec = PoolSpec("two-nodes", [ExecutorSpec("a", "cpu", (0,), batch=32, node="0"),
+                                  ExecutorSpec("b", "cpu", (1,), batch=32, node="1")])
+    pool = RayPool(spec)
+    ctx = RunContext(ModelSpec("lenet"), Workload.from_spec(WorkloadSpec(1024, (1, 28, 28))), check_images=16)
+    try:
+        m = run_strategy("pipeline", {"start": "given", "cuts": [1], "stages": [0, 1]}, pool, ctx)
+        planned = run_strategy("pipeline", {}, pool, ctx)
+    finally:
+        pool.shutdown()
+    for run in (m, planned):
+        assert run.output_ok, run.failures
+        assert run.extra["runtime"] == "ray-actors"
+        assert run.limit_ips > 0 and run.efficiency == pytest.approx(run.throughput_ips / run.limit_ips)
+        assert run.efficiency <= 1.02 and set(run.extra["single_ips"]) == {"a", "b"}
+    assert sorted(m.extra["nodes"].values()) == nodes  # one stage actor on each node
+    assert [s["device"] for s in m.extra["stages"]] == ["a", "b"]
+    assert all(s["frame_ms"] > 0 and s["compute_ms"] > 0 for s in m.extra["stages"])
+    assert {"host->a", "a->b", "b->a", "b->host"} <= set(planned.extra["links"])
+    assert planned.extra["modelled_bound_ips"] > 0
 
 
 def test_cli_auto_pool_spans_the_cluster(cluster, capsys):

@@ -63,7 +63,8 @@ def client_for(cwd: Path):
     return MlflowClient(tracking_uri=f"sqlite:///{cwd / 'runs' / 'mlflow.db'}")
 
 
-def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path):
+def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, monkeypatch, capsys):
+    from autohet.cli import main
     from autohet.strategies import get_strategy
 
     cwd, env = setup_dir(tmp_path, trials=9, broken=True)
@@ -119,27 +120,35 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path):
     assert max(valid) in {r.data.metrics["objective_value"] for r in finalists}  # the best trial is one of them
     assert best["measured"]["throughput_ips"] == pytest.approx(winner.data.metrics["objective_value"])
 
-    rerun = autohet(["run", "--config", "runs/e2e/best.yaml", "--in-process", "--json"], cwd, env)
-    assert rerun.returncode == 0, rerun.stderr
-    assert json.loads(rerun.stdout)["output_ok"] is True
+    # the rerun (in-process executors), compare and export: the command in this process, as test_cli's
+    # (a subprocess each cost seconds of imports)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    code = main(["run", "--config", "runs/e2e/best.yaml", "--in-process", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["output_ok"] is True
 
-    compare = autohet(["compare", "--experiment", "e2e", "--json"], cwd, env)
-    rows = json.loads(compare.stdout)["strategies"]
+    assert main(["compare", "--experiment", "e2e", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["strategies"]
     assert {r["strategy"] for r in rows} >= {"single", "static", "quick", "chunk", "hat", "fifo", "fast_split"}
     assert next(r for r in rows if r["strategy"] == "broken")["best"] is None
 
     some = next(r for r in trials if r.data.tags["strategy"] == "fifo")
-    out = autohet(["export", "--experiment", "e2e", "--run-id", some.info.run_id, "--out", "fifo.yaml"], cwd, env)
-    assert out.returncode == 0, out.stderr
+    code = main(["export", "--experiment", "e2e", "--run-id", some.info.run_id, "--out", "fifo.yaml"])
+    assert code == 0, capsys.readouterr().err
     assert yaml.safe_load((cwd / "fifo.yaml").read_text())["strategy"] == "fifo"
-    bad = autohet(["export", "--experiment", "nope"], cwd, env)
-    assert bad.returncode == 2 and "no experiment 'nope'" in bad.stderr
+    capsys.readouterr()
+    assert main(["export", "--experiment", "nope"]) == 2 and "no experiment 'nope'" in capsys.readouterr().err
 
 
-def test_resume_after_a_kill_with_a_trial_running_reaches_the_budget_and_loses_nothing(tmp_path):
+def test_resume_after_a_kill_with_a_trial_running_reaches_the_budget_and_loses_nothing(tmp_path, monkeypatch,
+                                                                                       capsys):
     """The tune is killed (SIGKILL to its process group) at a known point: three trials logged and
     the fourth just started (the tuner's test hook, never a wall-clock poll). The resume keeps the
     three, records the fourth as killed, and runs three more: six finished, none logged twice."""
+    from autohet.cli import main
+
     cwd, env = setup_dir(tmp_path, trials=6)
     killed = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill"], cwd,
                      {**env, "AUTOHET_TEST_KILL_AFTER": "3"}, new_session=True)
@@ -148,8 +157,12 @@ def test_resume_after_a_kill_with_a_trial_running_reaches_the_budget_and_loses_n
     exp = client.get_experiment_by_name("kill")
     before = client.search_runs([exp.experiment_id], "tags.autohet_kind = 'trial'")
     assert len(before) == 3 and all(r.data.tags["status"] != "killed" for r in before)
-    again = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill"], cwd, env)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    monkeypatch.chdir(cwd)  # the refusal comes before Ray starts: the command in this process
+    assert main(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    import ray
+
+    assert not ray.is_initialized()  # and it left none here for the tests after this one
     resumed = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "kill", "--resume"],
                       cwd, env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

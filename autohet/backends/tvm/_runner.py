@@ -30,8 +30,8 @@ from autohet.errors import UserError
 from autohet.partition import Block
 from autohet.platform_info import usable_cores
 
-__all__ = ["TvmRunner", "database_tag", "export_so", "fused_for_tuning", "to_relax", "tune_dir", "tvm_root",
-           "tvm_target", "warm_worker"]
+__all__ = ["TvmRunner", "database_tag", "export_so", "fused_for_tuning", "import_tensor_intrin", "to_relax",
+           "tune_dir", "tvm_root", "tvm_target", "warm_worker"]
 
 _LOCK = threading.Lock()
 # Bumped whenever the import/lowering recipe changes, so stale cached libraries are not loaded.
@@ -141,9 +141,38 @@ def export_so(mod: Any) -> str:
     return path
 
 
+def import_tensor_intrin() -> None:
+    """``import tvm.s_tir.tensor_intrin``, which MetaSchedule's tune contexts and builds need, without its
+    one waste: each of its ~500 ``T.prim_func`` calls ``inspect.stack()``, whose ``inspect.getmodule``
+    scans all of ``sys.modules`` (~2000 with torch) for every frame of the frozen import machinery, only
+    to return None for it (a frame has no ``__module__`` or ``__name__``, and no module's file is
+    ``<frozen ...>``). Here such a frame's None comes at once: the import took 75 s on the 2-core box, 9 s
+    this way; every other lookup, and everything after the import, is inspect's own."""
+    import inspect
+    import sys
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+    real = inspect.getmodule
+
+    def getmodule(obj: Any, _filename: str | None = None) -> Any:
+        code = getattr(obj, "f_code", None)
+        name = _filename or (code.co_filename if code is not None else "")
+        if code is not None and name.startswith("<frozen ") and name.endswith(">"):
+            return None
+        return real(obj, _filename)
+
+    inspect.getmodule = getmodule
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.getmodule = real
+
+
 def warm_worker() -> None:
-    """Run once in each builder worker at the start of tuning: the import every build needs (~15-30 s)."""
-    import tvm.s_tir.tensor_intrin  # noqa: F401
+    """Run once in each builder worker at the start of tuning: the import every build needs
+    (``import_tensor_intrin``)."""
+    import_tensor_intrin()
 
 
 def _export(lib: Any, path: Path) -> None:

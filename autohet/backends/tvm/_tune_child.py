@@ -18,6 +18,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from autohet.backends.tvm._runner import import_tensor_intrin
 from autohet.backends.tvm._toolchain import ensure_cuda
 
 _TUNED_OPS = ("conv", "matmul", "dense", "pool")
@@ -217,7 +218,7 @@ def _serve(target: dict[str, Any], ready: str) -> None:
     ``ready`` once set up."""
     start = time.monotonic()
     builder, runner = _make_builder_runner(target)
-    import tvm.s_tir.tensor_intrin  # noqa: F401 - every job needs it; imported while the workers do too
+    import_tensor_intrin()  # every job needs it; imported while the workers do too
 
     print(f"tuning child ready in {time.monotonic() - start:.1f} s", flush=True)
     Path(ready).touch()
@@ -239,4 +240,6 @@ if __name__ == "__main__":
         _serve(json.loads(sys.argv[2]), sys.argv[3])
     else:  # one job from a spec file
         job = json.loads(Path(sys.argv[1]).read_text())
-        _write_result(job["result"], _run_job(job, *_make_builder_runner(job["target"])))
+        made = _make_builder_runner(job["target"])
+        import_tensor_intrin()
+        _write_result(job["result"], _run_job(job, *made))
