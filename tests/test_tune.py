@@ -138,6 +138,8 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
     code = main(["export", "--experiment", "e2e", "--run-id", some.info.run_id, "--out", "fifo.yaml"])
     assert code == 0, capsys.readouterr().err
     assert yaml.safe_load((cwd / "fifo.yaml").read_text())["strategy"] == "fifo"
+    assert main(["export", "--experiment", "e2e", "--out", "again.yaml"]) == 0  # no run id: the finals' winner
+    assert yaml.safe_load((cwd / "again.yaml").read_text())["mlflow"]["run_id"] == winner.info.run_id
     capsys.readouterr()
     assert main(["export", "--experiment", "nope"]) == 2 and "no experiment 'nope'" in capsys.readouterr().err
 

@@ -24,8 +24,8 @@ from typing import Any
 
 from autohet.objectives import Objective
 
-__all__ = ["FINAL_SHARE", "Finalist", "final_choice", "finals_table", "pick_finalists",
-           "run_finals"]
+__all__ = ["FINAL_SHARE", "Finalist", "final_choice", "finalists_of", "finals_table", "log_finals", "pick_finalists",
+           "run_finals", "trial_runner"]
 
 # The share of the trial budget kept for the finals; they also get whatever the search left unused.
 FINAL_SHARE = 0.1
@@ -137,19 +137,16 @@ def finalists_of(runs: list[Any], primary: Objective) -> list[Finalist]:
     return out
 
 
-def remote_runner(setup: Any, on_result: Callable[[dict[str, Any]], None]
-                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """A final run as the trials ran: ``run_trial`` in a Ray worker process of its own (the tune's
-    driver is not where trials run), its result handed to ``on_result`` (the tune's accounting)."""
-    import ray
-
+def trial_runner(setup: Any, on_result: Callable[[dict[str, Any]], None]
+                 ) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A final run as the trials ran: ``run_trial`` on the manager's executors, here in the tune's own
+    process, its result handed to ``on_result`` (the tune's accounting). A Ray task of its own paid a
+    fresh worker's imports first: on the 2-core box vgg16's first final run took 28 s against its
+    trial's 14 s, and the finals' 58 s held one run (BENCHMARKS 25)."""
     from autohet.tuning.trainable import run_trial
 
-    task = ray.remote(num_cpus=0.01)(run_trial)  # as the trials' {"cpu": 0.01}
-    setup_ref = ray.put(setup)
-
     def run(config: dict[str, Any]) -> dict[str, Any]:
-        result = ray.get(task.remote(config, setup_ref))
+        result = run_trial(dict(config), setup)
         on_result(result)
         return result
 

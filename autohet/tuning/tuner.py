@@ -456,8 +456,8 @@ def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: _Record, pro
         finals_table,
         log_finals,
         pick_finalists,
-        remote_runner,
         run_finals,
+        trial_runner,
     )
 
     primary = settings.objectives.primary
@@ -466,7 +466,7 @@ def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: _Record, pro
                                float(settings.final_within))
     if not finalists:
         return
-    rounds = run_finals(finalists, remote_runner(setup, progress.add_final), primary, int(settings.final_rounds),
+    rounds = run_finals(finalists, trial_runner(setup, progress.add_final), primary, int(settings.final_rounds),
                         end)
     winner = final_choice(finalists, primary)
     log_finals(record.client, record.parent_id, finalists, winner, primary)
