@@ -137,3 +137,17 @@ def test_finals_settings_are_checked():
                          ({"final_within": 1.0}, "final_within must be a fraction")):
         with pytest.raises(UserError, match=message):
             load_settings(None, bad)
+
+
+def test_a_finalist_is_expected_to_take_its_trials_seconds_less_its_acquiring():
+    from autohet.tracking import CONFIG_TAG
+    from autohet.tuning.finals import finalists_of
+
+    run = fake_run("gpu", "tune1", 69728.0)
+    run.data.metrics.update({TrialKey.TRIAL: 21.3, TrialKey.ACQUIRE: 16.7})
+    run.data.tags.update({CONFIG_TAG: '{"strategy": "single", "single.executor": 0}', "strategy": "single"})
+    no_config = fake_run("old", "tune1", 50000.0)  # logged before the config tag: not a candidate
+    [f] = finalists_of([run, no_config, fake_run("bad", "tune1", 1e6, status="invalid")], THROUGHPUT)
+    assert (f.run_id, f.strategy, f.config, f.trial_value) == ("gpu", "single", {"strategy": "single",
+                                                                                 "single.executor": 0}, 69728.0)
+    assert f.trial_s == pytest.approx(4.6)
