@@ -161,6 +161,47 @@ def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monke
     assert len({(c["exec.cpu.backend"], c["exec.cpu.batch"]) for c in free}) > 1
 
 
+def test_the_acquire_cap_looks_ahead_to_the_tunes_expected_length(monkeypatch):
+    """Under the cap so far, a sampled point still keeps the best topology when one more acquiring as
+    long as the longest so far would take acquiring past the cap of the tune's expected length: the
+    deadline, or sooner the trials left at the mean trial time so far."""
+    from autohet.objectives import ObjectiveSet, TrialKey
+    from autohet.tuning import search as search_module
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
+    first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
+              "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0,
+              "pool.cpu_group_size": 2, "pool.gpu_partitions": 1}]
+    clock = [1000.0]
+    monkeypatch.setattr(search_module, "time", SimpleNamespace(time=lambda: clock[0]))
+
+    def after_one_trial(trials: int, budget_s: float) -> StagedSearch:
+        search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max",
+                              points_to_evaluate=first, later=[], kind_of=SingleKind(load_pool("actors/cpu2.yaml")),
+                              objectives=ObjectiveSet.parse("throughput"), seed=0)
+        search.expect(trials, budget_s)
+        search.suggest("t0")
+        clock[0] += 60.0  # one trial of 60 s, 8 s of it acquiring: 13%, under the cap
+        search.on_trial_complete("t0", {"status": "ok", "objective_value": 50.0, TrialKey.ACQUIRE: 8.0})
+        return search
+
+    # 40 s left: the tune ends 100 s in, where 8 + 8 s of acquiring would be 16%
+    short = after_one_trial(30, 100.0)
+    assert short.acquire_share() < search_module.ACQUIRE_SHARE_CAP and short.over_acquire_cap()
+    kept = [short.suggest(f"k{n}") for n in range(4)]
+    assert {(c["pool.cpu_group_size"], c["exec.cpu.backend"], c["exec.cpu.batch"]) for c in kept} == {
+        (2, "eager", 16)}
+    # trials left: 1 more at 60 s ends it 120 s in, where 16 s is 13%
+    assert not after_one_trial(2, 1000.0).over_acquire_cap()
+    long = after_one_trial(30, 1000.0)
+    assert not long.over_acquire_cap()
+    free = [long.suggest(f"f{n}") for n in range(12)]
+    assert len({(c["pool.cpu_group_size"], c["exec.cpu.backend"], c["exec.cpu.batch"]) for c in free}) > 1
+
+
 def test_restrict_keeps_single_and_checks_names():
     space = load_search_space("search_spaces")
     assert list(space.restrict(["fifo"], "throughput").strategies) == ["single", "fifo"]

@@ -3,11 +3,12 @@
 Stage one's singles are enqueued at once, as Optuna's first points always were. Stage two's
 strategy points wait until every single has reported, then go in with each executor kind at its
 best single's settings: a data-parallel trial on CPU groups runs OpenVINO bf16 where the singles
-found it fastest, not the pool file's eager fp32. After both stages, while acquiring executors has
-taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, each sampled point keeps the pool dims of
-the best trial so far (its actors are alive) and each executor kind at its best single's settings
-(their builds are kept): the sampler still picks the strategy and its parameters, but starts no new
-topology and compiles no new executor setting.
+found it fastest, not the pool file's eager fp32. After both stages, once acquiring executors has
+taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, or one more acquiring as long as the
+longest so far would take it past that share of the tune's expected length (``expect``), each
+sampled point keeps the pool dims of the best trial so far (its actors are alive) and each executor
+kind at its best single's settings (their builds are kept): the sampler still picks the strategy and
+its parameters, but starts no new topology and compiles no new executor setting.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 # its last six trials, each sampled onto a new CPU group size or GPU partitioning (14-31 s apiece), none
 # of them near its best (BENCHMARKS 23); with the pool dims kept, its trials 25-29 still spent 43 s of
 # its 97 s compiling executor settings sampled anew (GPU tf32, bf16, batch 64), none near its best
-# (BENCHMARKS 25).
+# (BENCHMARKS 25). Checked after the fact only, the cap let trial 29 of a later such tune (at 13%)
+# start GPU partitions at tf32 (46 s), and trial 30 rebuild the best topology those had replaced (27 s):
+# 27% (BENCHMARKS 26); hence the look ahead.
 ACQUIRE_SHARE_CAP = 0.15
 
 
@@ -50,13 +53,33 @@ class StagedSearch(OptunaSearch):
         self.best: dict[str, tuple[float, dict[str, Any]]] = {}  # kind -> (figure, its exec.<kind>.* values)
         self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
         self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
+        self.longest_acquire_s = 0.0  # the longest one trial spent acquiring
         self.started: float | None = None  # wall clock of the first suggestion
+        self.horizon: tuple[int, float] | None = None  # (trials in all, wall clock of the deadline)
+
+    def expect(self, trials: int, budget_s: float) -> None:
+        """The run ahead: at most ``trials`` more trials, within ``budget_s`` seconds from now."""
+        self.horizon = (self._finished + trials, time.time() + budget_s)
 
     def acquire_share(self, now: float | None = None) -> float:
         """The finished trials' acquiring, as a share of the wall time since the first suggestion."""
         if self.started is None:
             return 0.0
         return self.acquire_s / max(1e-9, (time.time() if now is None else now) - self.started)
+
+    def over_acquire_cap(self, now: float | None = None) -> bool:
+        """Whether acquiring is past the cap already, or would be after one more acquiring as long as
+        the longest so far, within the tune's expected length: the deadline, or sooner the trials
+        left at the mean trial time so far."""
+        now = time.time() if now is None else now
+        if self.acquire_share(now) > ACQUIRE_SHARE_CAP:
+            return True
+        if self.horizon is None or self.started is None or self._finished == 0:
+            return False
+        trials, deadline = self.horizon
+        per_trial = (now - self.started) / self._finished
+        end = min(deadline, now + max(0, trials - self._finished) * per_trial)
+        return self.acquire_s + self.longest_acquire_s > ACQUIRE_SHARE_CAP * (end - self.started)
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self.started is None:
@@ -76,12 +99,12 @@ class StagedSearch(OptunaSearch):
         return config
 
     def _keep_topology(self) -> None:
-        """Past the acquire cap, the next sampled point is asked with the best trial's pool dims and
-        each kind's best single settings fixed (an enqueued partial point: Optuna samples the rest);
-        stage two's own points go first."""
+        """Over the acquire cap (``over_acquire_cap``), the next sampled point is asked with the best
+        trial's pool dims and each kind's best single settings fixed (an enqueued partial point:
+        Optuna samples the rest); stage two's own points go first."""
         import optuna
 
-        if self.best_pool is None or self.acquire_share() <= ACQUIRE_SHARE_CAP:
+        if self.best_pool is None or not self.over_acquire_cap():
             return
         fixed = dict(self.best_pool[1])
         for _, values in self.best.values():
@@ -94,7 +117,9 @@ class StagedSearch(OptunaSearch):
         super().on_trial_complete(trial_id, result, error)
         self._finished += 1
         config = self._configs.get(trial_id) or {}
-        self.acquire_s += float((result or {}).get(TrialKey.ACQUIRE) or 0.0)
+        acquired = float((result or {}).get(TrialKey.ACQUIRE) or 0.0)
+        self.acquire_s += acquired
+        self.longest_acquire_s = max(self.longest_acquire_s, acquired)
         if not result or result.get("status") != "ok":
             return
         value = result.get(PRIMARY_METRIC)

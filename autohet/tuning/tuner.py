@@ -427,6 +427,7 @@ def _run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s
     from autohet.tuning.callbacks import tune_callbacks
     from autohet.tuning.trainable import tune_entry
 
+    searcher.expect(trials, budget_s)
     trainable = tune.with_resources(tune.with_parameters(tune_entry, setup=setup), {"cpu": 0.01})
     tuner = tune.Tuner(
         trainable,
