@@ -125,11 +125,10 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     assert search.best["cpu"][0] == 90.0
 
 
-def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monkeypatch):
-    """After both stages, while acquiring took more than ACQUIRE_SHARE_CAP of the tune's time, each
-    sampled point is asked with the best trial's pool dims (no new topology) and each kind at its best
-    single's settings (no new build); under it, the sampler picks them freely."""
-    from autohet.objectives import ObjectiveSet, TrialKey
+def cpu2_fifo_search(monkeypatch, clock: list[float]):
+    """A StagedSearch of fifo over actors/cpu2.yaml with one eager single first, its clock ``clock[0]``
+    (stepped by hand)."""
+    from autohet.objectives import ObjectiveSet
     from autohet.tuning import search as search_module
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
@@ -139,11 +138,20 @@ def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monke
     first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
               "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0,
               "pool.cpu_group_size": 2, "pool.gpu_partitions": 1}]
+    monkeypatch.setattr(search_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    return StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
+                        later=[], kind_of=SingleKind(load_pool("actors/cpu2.yaml")),
+                        objectives=ObjectiveSet.parse("throughput"), seed=0)
+
+
+def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monkeypatch):
+    """After both stages, while acquiring took more than ACQUIRE_SHARE_CAP of the tune's time, each
+    sampled point is asked with the best trial's pool dims (no new topology) and each kind at its best
+    single's settings (no new build); under it, the sampler picks them freely."""
+    from autohet.objectives import TrialKey
+
     clock = [1000.0]
-    monkeypatch.setattr(search_module, "time", SimpleNamespace(time=lambda: clock[0]))  # stepped by hand
-    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
-                          later=[], kind_of=SingleKind(load_pool("actors/cpu2.yaml")),
-                          objectives=ObjectiveSet.parse("throughput"), seed=0)
+    search = cpu2_fifo_search(monkeypatch, clock)
     assert search.suggest("t0")["pool.cpu_group_size"] == 2
     clock[0] += 10.0
     search.on_trial_complete("t0", {"status": "ok", "objective_value": 50.0, TrialKey.ACQUIRE: 4.0})
@@ -165,23 +173,13 @@ def test_the_acquire_cap_looks_ahead_to_the_tunes_expected_length(monkeypatch):
     """Under the cap so far, a sampled point still keeps the best topology when one more acquiring as
     long as the longest so far would take acquiring past the cap of the tune's expected length: the
     deadline, or sooner the trials left at the mean trial time so far."""
-    from autohet.objectives import ObjectiveSet, TrialKey
+    from autohet.objectives import TrialKey
     from autohet.tuning import search as search_module
-    from autohet.tuning.search import SingleKind, StagedSearch
-    from autohet.tuning.space import DefineByRun, SpaceContext
 
-    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
-    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
-    first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
-              "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0,
-              "pool.cpu_group_size": 2, "pool.gpu_partitions": 1}]
     clock = [1000.0]
-    monkeypatch.setattr(search_module, "time", SimpleNamespace(time=lambda: clock[0]))
 
-    def after_one_trial(trials: int, budget_s: float) -> StagedSearch:
-        search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max",
-                              points_to_evaluate=first, later=[], kind_of=SingleKind(load_pool("actors/cpu2.yaml")),
-                              objectives=ObjectiveSet.parse("throughput"), seed=0)
+    def after_one_trial(trials: int, budget_s: float):
+        search = cpu2_fifo_search(monkeypatch, clock)
         search.expect(trials, budget_s)
         search.suggest("t0")
         clock[0] += 60.0  # one trial of 60 s, 8 s of it acquiring: 13%, under the cap
