@@ -57,7 +57,7 @@ def test_synthetic_workload_is_seeded_and_bounded(monkeypatch):
     assert np.array_equal(a.rows(0, 100), b.rows(0, 100))
     per_image = 3 * 224 * 224 * 4
     assert MAX_DISTINCT_BYTES // per_image < 10_000  # the real cap bounds 10,000 ImageNet images
-    # the cap applied, at 8 MB instead of the real 512 (drawing 512 MB of normals takes seconds)
+    # the cap applied, at 8 MB instead of the real 128 (drawing 128 MB of normals takes a second)
     monkeypatch.setattr("autohet.workload.MAX_DISTINCT_BYTES", 8 * 1024 * 1024)
     big = Workload.from_spec(WorkloadSpec(10_000, (3, 224, 224)))
     assert big.images == 10_000 and big.bank.nbytes <= 8 * 1024 * 1024

@@ -12,6 +12,7 @@ from autohet.tracking._store import (
     ensure_experiment,
     experiment_runs,
     mlflow_client,
+    seed_sqlite_store,
     trial_runs,
     tune_objective,
 )
@@ -20,6 +21,6 @@ from autohet.tracking._summary import final_pick, front, run_status, summarize
 __all__ = [
     "CONFIG_TAG", "CONSTRAINTS", "FINISHED", "STATUSES", "Constraint", "TrialLogger", "TuneOutcome",
     "artifact_location", "constraints_from", "default_tracking_uri", "ensure_experiment", "experiment_runs",
-    "export_run", "final_pick", "front", "mlflow_client", "pick_trial", "record_outcome", "run_status", "summarize",
-    "trial_runs", "tune_objective",
+    "export_run", "final_pick", "front", "mlflow_client", "pick_trial", "record_outcome", "run_status",
+    "seed_sqlite_store", "summarize", "trial_runs", "tune_objective",
 ]
