@@ -142,8 +142,7 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
     A unit of a strategy without a barrier is capped at its executor's share of an even finish
     (``even_finish_shares`` over the measured speeds and the work each has queued): fast_split's
     ``remaining * r * v_i / max(v)`` with r near 1 gave one of two equal CPU cores 70 of the last 71
-    vgg16 images while the other idled (0.75 of the limit over 103 images, 0.96 over the 64 its
-    trial had measured).
+    vgg16 images while the other idled (0.746 of the limit over 103 images; 0.938 with the cap).
     """
     n = len(dispatcher.names)
     dispatcher.lookahead_on = lookahead and not strategy.barrier
