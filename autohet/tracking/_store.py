@@ -47,8 +47,8 @@ def seed_sqlite_store(uri: str) -> bool:
     try:
         template = empty_store()
         staged = target.with_name(f".{target.name}.{os.getpid()}.seed")
-        shutil.copyfile(template, staged)
         try:
+            shutil.copyfile(template, staged)
             os.link(staged, target)  # never over a store another process made meanwhile
         finally:
             staged.unlink(missing_ok=True)
