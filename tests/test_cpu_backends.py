@@ -18,8 +18,10 @@ from autohet.executors.compiled import check_backend, unsupported
 from autohet.models import ModelSpec, build_model
 from autohet.workload import Workload, WorkloadSpec
 
-BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(b) is None, reason=f"{b} missing"))
-            for b in ("openvino", "onnxruntime")]
+BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(package) is None,
+                                                     reason=f"{package} missing"))
+            for b, package in (("openvino", "openvino"), ("onnxruntime", "onnxruntime"),
+                               ("onnxruntime_nnpack", "onnxruntime"))]
 
 
 def real_cpu_bf16() -> bool:

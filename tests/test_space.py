@@ -29,7 +29,7 @@ def test_define_by_run_suggests_strategy_first_then_only_its_params():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
     define = DefineByRun(space, SpaceContext({"executors": 3}, frozenset({"cpu"}), pool_dims=True))
     seen = set()
-    for _ in range(60):
+    for _ in range(120):
         trial = study.ask()
         assert define(trial) == {OPTUNA_TRIAL_KEY: trial.number}  # ties the Tune trial to the Optuna one
         strategy = trial.params["strategy"]

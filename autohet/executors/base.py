@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from autohet.executors.cpu_backends._registry import CPU_BACKENDS
 from autohet.executors.kinds import ExecutorKind, executor_kind
 from autohet.models import ModelSpec
 from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
@@ -18,7 +19,8 @@ __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Execu
            "join_parts"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-BACKENDS = ("eager", "inductor", "cudagraphs", "openvino", "onnxruntime")
+# every backend an executor may name: the GPU's and the CPU backends' registry (one place each)
+BACKENDS = tuple(dict.fromkeys(("eager", "inductor", "cudagraphs", *CPU_BACKENDS)))
 INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
 # Executor parameters that a pool file sets and a trial may vary; each kind says which apply to it

@@ -48,8 +48,8 @@ class CpuVariant(NamedTuple):
 
 CPU_VARIANTS: tuple[CpuVariant, ...] = (
     CpuVariant("openvino", "bf16"), CpuVariant("openvino", "bf16", streams=1), CpuVariant("eager", "bf16", True),
-    CpuVariant("onnxruntime", "fp32"), CpuVariant("openvino", "fp32"), CpuVariant("openvino", "fp32", streams=1),
-    CpuVariant("inductor", "bf16", True), CpuVariant("eager", "fp32", True),
+    CpuVariant("onnxruntime", "fp32"), CpuVariant("onnxruntime_nnpack", "fp32"), CpuVariant("openvino", "fp32"),
+    CpuVariant("openvino", "fp32", streams=1), CpuVariant("inductor", "bf16", True), CpuVariant("eager", "fp32", True),
 )
 
 

@@ -2,9 +2,11 @@
 
 ``eager`` and ``inductor`` are PyTorch (fp32/bf16, channels_last); ``openvino`` is OpenVINO's CPU plugin
 (f32, or bf16 where the CPU computes it natively; several streams, asynchronous infer requests);
-``onnxruntime`` is ONNX Runtime's CPU provider (fp32). On a CPU, OpenVINO and ONNX Runtime run
-resnet18 1.8-2x faster per core than eager PyTorch (BENCHMARKS.md 14), so a tune that leaves them
-out leaves the CPU at half its speed. Heavy packages are imported only by the backend that uses them.
+``onnxruntime`` is ONNX Runtime's CPU provider (fp32); ``onnxruntime_nnpack`` is ONNX Runtime with
+the wide 3x3 convolutions that NNPACK (Winograd) computes faster on the group cut out and run by
+PyTorch. On a CPU, OpenVINO and ONNX Runtime run resnet18 1.8-2x faster per core than eager PyTorch
+(BENCHMARKS.md 14), so a tune that leaves them out leaves the CPU at half its speed. Heavy packages
+are imported only by the backend that uses them.
 """
 
 from __future__ import annotations
@@ -13,15 +15,10 @@ import importlib
 
 from autohet.errors import unknown_name
 from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
+from autohet.executors.cpu_backends._registry import CPU_BACKENDS
 
 __all__ = ["CPU_BACKENDS", "CpuBackend", "CpuProgram", "ModelSource", "cpu_backend"]
 
-CPU_BACKENDS: dict[str, str] = {
-    "eager": "autohet.executors.cpu_backends._torch:EagerBackend",
-    "inductor": "autohet.executors.cpu_backends._torch:InductorBackend",
-    "openvino": "autohet.executors.cpu_backends._openvino:OpenVinoBackend",
-    "onnxruntime": "autohet.executors.cpu_backends._onnxruntime:OnnxRuntimeBackend",
-}
 
 _LOADED: dict[str, CpuBackend] = {}
 
