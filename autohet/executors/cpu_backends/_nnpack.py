@@ -199,7 +199,7 @@ class NnpackBackend(CpuBackend):
         module = source.module().eval()
         cuts = candidate_cuts(trace(module, torch.zeros((1, *shape)))[0])  # shapes only: one image
         threads = max(1, len(spec.cores))
-        note = (_claim_pool(threads, tuple(spec.cores)) if cuts else "") or ("" if cuts else "no candidate layer")
+        note = _claim_pool(threads, tuple(spec.cores)) if cuts else "no candidate layer"
         chosen = _choose(source, spec, shape, cuts, threads) if cuts and not note else []
         steps = _steps(source, spec, shape, chosen)
         program = SegmentedProgram(steps, [after for _, after in chosen], note)
