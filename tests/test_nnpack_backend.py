@@ -58,7 +58,8 @@ def test_only_wide_3x3_layers_of_stride_1_cut_out_with_one_tensor_either_side_ar
 def test_every_choice_of_nnpack_layers_equals_the_model_with_partial_batches(chosen, cache, fresh_pool):
     spec = ExecutorSpec("c", "cpu", (0,), batch=4, backend="onnxruntime_nnpack")
     source = ModelSource(ModelSpec(CHAIN))
-    steps = _nnpack._steps(source, spec, input_shape(CHAIN), chosen)
+    traced = trace(build_model(CHAIN).eval(), torch.zeros((1, *input_shape(CHAIN))))
+    steps = _nnpack._steps(source, spec, input_shape(CHAIN), traced, chosen)
     assert [k for k, _ in steps].count("nnpack") == len(chosen)
     x = np.random.default_rng(0).standard_normal((11, *input_shape(CHAIN)), dtype=np.float32)
     out = SegmentedProgram(steps, [b for _, b in chosen]).run(x, 4)  # 4 + 4 + 3 images

@@ -31,8 +31,8 @@ from autohet.partition._vocab import (
     tensor_args,
 )
 
-__all__ = ["OPS", "Block", "BlockGraph", "Kind", "OpKind", "arg_nodes", "aten_name", "format_count", "node_module",
-           "node_shape", "op_kind", "pair", "partition", "tensor_args", "trace"]
+__all__ = ["OPS", "Block", "BlockGraph", "Kind", "OpKind", "arg_nodes", "aten_name", "build_blocks", "format_count",
+           "node_module", "node_shape", "op_kind", "pair", "partition", "tensor_args", "trace"]
 
 
 def partition(model: str | nn.Module, batch: int = 1, *, seed: int = 0, branches: bool = False,

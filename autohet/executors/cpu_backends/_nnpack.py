@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -32,7 +34,7 @@ from torch import fx, nn
 
 from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
 from autohet.executors.cpu_backends._cache import converted
-from autohet.executors.cpu_backends._onnxruntime import OnnxRuntimeBackend, export_onnx, ort_session
+from autohet.executors.cpu_backends._onnxruntime import OnnxRuntimeBackend, export_onnx, in_batches, ort_session
 
 if TYPE_CHECKING:
     from autohet.executors.base import ExecutorSpec
@@ -132,9 +134,7 @@ class SegmentedProgram(CpuProgram):
         return x
 
     def run(self, x: np.ndarray, batch: int) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        chunks = [self._chunk(x[o : o + batch]) for o in range(0, len(x), batch)]
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return in_batches(self._chunk, x, batch)
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"nnpack_layers": list(self.layers), "nnpack_steps": [k for k, _ in self.steps]}
@@ -166,11 +166,13 @@ def _best_seconds(fn: Any) -> float:
     return best
 
 
-def _chain(module: nn.Module, shape: tuple[int, ...], name: str, cuts: list[str]) -> list[Block]:
-    """The model's blocks cut after ``cuts`` (fx node names), each reading the one before it alone."""
-    from autohet.partition import partition
+def _chain(traced: tuple[fx.GraphModule, str], shape: tuple[int, ...], name: str,
+           cuts: list[str]) -> list[Block]:
+    """The traced model's blocks cut after ``cuts`` (fx node names), each reading the one before it
+    alone (``traced``: ``partition.trace``'s graph and tracer, traced once per build)."""
+    from autohet.partition import build_blocks
 
-    graph = partition(module, 1, input_shape=shape, name=name, cuts=sorted(set(cuts), key=cuts.index))
+    graph = build_blocks(traced[0], name, 1, shape, traced[1], cuts=sorted(set(cuts), key=cuts.index))
     previous = graph.input_name
     for block in graph.blocks:
         if block.inputs != [previous] or len(block.outputs) != 1:
@@ -196,12 +198,12 @@ class NnpackBackend(CpuBackend):
         from autohet.partition import trace
 
         started = time.perf_counter()
-        module = source.module().eval()
-        cuts = candidate_cuts(trace(module, torch.zeros((1, *shape)))[0])  # shapes only: one image
+        traced = trace(source.module().eval(), torch.zeros((1, *shape)))  # shapes only: one image
+        cuts = candidate_cuts(traced[0])
         threads = max(1, len(spec.cores))
         note = _claim_pool(threads, tuple(spec.cores)) if cuts else "no candidate layer"
-        chosen = _choose(source, spec, shape, cuts, threads) if cuts and not note else []
-        steps = _steps(source, spec, shape, chosen)
+        chosen = _choose(source, spec, shape, traced, cuts, threads) if cuts and not note else []
+        steps = _steps(source, spec, shape, traced, chosen)
         program = SegmentedProgram(steps, [after for _, after in chosen], note)
         program.compile_s = time.perf_counter() - started
         return program
@@ -215,8 +217,8 @@ def _block_session(source: ModelSource, block: Block, spec: ExecutorSpec) -> Any
     return ort_session(path, spec.cores)
 
 
-def _choose(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], cuts: list[tuple[str, str]],
-            threads: int) -> list[tuple[str, str]]:
+def _choose(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], traced: tuple[fx.GraphModule, str],
+            cuts: list[tuple[str, str]], threads: int) -> list[tuple[str, str]]:
     """The candidates NNPACK computes faster than ONNX Runtime on this group at its batch (cached)."""
     import onnxruntime
 
@@ -230,7 +232,7 @@ def _choose(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], cut
     cache = compile_cache_dir() / "nnpack" / f"{source.spec.name.replace(':', '_')}-{digest}.json"
     if cache.is_file():
         return [(a, b) for a, b in json.loads(cache.read_text())["chosen"]]
-    blocks = _chain(source.module(), shape, source.spec.name, [c for pair in cuts for c in pair])
+    blocks = _chain(traced, shape, source.spec.name, [c for pair in cuts for c in pair])
     generator = torch.Generator().manual_seed(0)
     chosen, timings = [], {}
     with torch.inference_mode():
@@ -247,20 +249,20 @@ def _choose(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], cut
             timings[pair[1]] = {"nnpack_s": round(t_nnpack, 5), "onnxruntime_s": round(t_ort, 5)}
             if t_nnpack < t_ort:
                 chosen.append(pair)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    scratch = cache.with_suffix(".tmp")
-    scratch.write_text(json.dumps({"ident": ident, "chosen": chosen, "timings": timings}, indent=1))
-    scratch.replace(cache)
+    cache.parent.mkdir(parents=True, exist_ok=True)  # a scratch file of its own: groups of one size time at once
+    with tempfile.NamedTemporaryFile("w", dir=cache.parent, suffix=".tmp", delete=False) as scratch:
+        scratch.write(json.dumps({"ident": ident, "chosen": chosen, "timings": timings}, indent=1))
+    os.replace(scratch.name, cache)
     return chosen
 
 
-def _steps(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...],
+def _steps(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], traced: tuple[fx.GraphModule, str],
            chosen: list[tuple[str, str]]) -> list[tuple[str, Any]]:
     """The model cut around the chosen layers: an NNPACK module per chosen layer, a session per run of
     the rest (one session for the whole model where none was chosen)."""
     if not chosen:
         return [("onnxruntime", OnnxRuntimeBackend().build(source, spec, shape).session)]
-    blocks = _chain(source.module(), shape, source.spec.name, [c for pair in chosen for c in pair])
+    blocks = _chain(traced, shape, source.spec.name, [c for pair in chosen for c in pair])
     steps: list[tuple[str, Any]] = []
     for block in blocks:
         if any(block.inputs == [a] and block.outputs == [b] for a, b in chosen):

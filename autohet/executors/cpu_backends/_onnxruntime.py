@@ -21,7 +21,7 @@ from autohet.executors.cpu_backends._cache import converted
 if TYPE_CHECKING:
     from autohet.executors.base import ExecutorSpec
 
-__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeProgram", "export_onnx", "ort_session"]
+__all__ = ["OnnxRuntimeBackend", "OnnxRuntimeProgram", "export_onnx", "in_batches", "ort_session"]
 
 
 def export_onnx(module: Any, shape: tuple[int, ...], path: Any, legacy_first: bool = False) -> None:
@@ -50,6 +50,13 @@ def export_onnx(module: Any, shape: tuple[int, ...], path: Any, legacy_first: bo
             then()
 
 
+def in_batches(call: Any, x: np.ndarray, batch: int) -> np.ndarray:
+    """``call`` on float32 ``x`` ``batch`` images at a time, the outputs in order."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    chunks = [call(x[o : o + batch]) for o in range(0, len(x), batch)]
+    return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+
+
 def ort_session(path: Any, cores: tuple[int, ...]) -> Any:
     """An ONNX Runtime CPU session of the file at ``path`` with its graph optimisations, its intra-op
     threads one per core of ``cores`` (made on the pinned thread that calls this)."""
@@ -74,9 +81,7 @@ class OnnxRuntimeProgram(CpuProgram):
         self.input = session.get_inputs()[0].name
 
     def run(self, x: np.ndarray, batch: int) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        chunks = [self.session.run(None, {self.input: x[o : o + batch]})[0] for o in range(0, len(x), batch)]
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        return in_batches(lambda part: self.session.run(None, {self.input: part})[0], x, batch)
 
     def describe(self) -> dict[str, Any]:
         options = self.session.get_session_options()
