@@ -149,15 +149,17 @@ def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool
     return out
 
 
-def peer_again(name: str, key: str, args: argparse.Namespace, threads: int, bf16: bool, work: Path) -> float:
-    """The peer ``key`` (a row key less ``_ips``) measured once more."""
+def peer_again(name: str, key: str, args: argparse.Namespace, threads: int, bf16: bool, work: Path,
+               batch: int | None = None) -> float:
+    """The peer ``key`` (a row key less ``_ips``) measured once more (at ``batch``, default ``--batch``)."""
+    batch = batch or args.batch
     if key.startswith("openvino_"):
         _, precision, hint = key.split("_")
-        got = openvino_peers(name, args.batch, threads, args.seconds, bf16, (precision, hint.upper()))
+        got = openvino_peers(name, batch, threads, args.seconds, bf16, (precision, hint.upper()))
     elif key.startswith("onnxruntime"):
-        got = onnxruntime_peer(name, args.batch, threads, args.seconds, work)
+        got = onnxruntime_peer(name, batch, threads, args.seconds, work)
     else:
-        got = torch_peers(name, args.batch, threads, args.seconds, bf16, key.startswith("inductor"))
+        got = torch_peers(name, batch, threads, args.seconds, bf16, key.startswith("inductor"))
     return float(got[f"{key}_ips"])
 
 
@@ -174,19 +176,34 @@ def alternate(name: str, row: dict[str, Any], args: argparse.Namespace, threads:
               ) -> dict[str, Any]:
     """The best peer and autohet's rerun measured by turns, ``--ab-rounds`` times, back to back: a
     machine whose speed drifts (the H200 box's CPU: OpenVINO bf16 at 983-1210 img/s in one hour) then
-    moves both alike. Each round's ratio, and the median."""
+    moves both alike. Each round's ratio, and the median. With ``--peer-batches``, each round also
+    measures the best peer at those batches (``ab_peer_b<B>``, ``ab_ratio_median_b<B>``): the issue's
+    peers run batch 16, and a user could pick another."""
     best = work / "runs" / f"cpu-peers-{name}" / "best.yaml"
+    extra = peer_batches(args)
     ratios, peers, ours = [], [], []
+    at: dict[int, list[float]] = {b: [] for b in extra}
     for _ in range(args.ab_rounds):
         peer = peer_again(name, row["best_peer"], args, threads, bf16, work)
+        for b in extra:
+            at[b].append(peer_again(name, row["best_peer"], args, threads, bf16, work, b))
         m = rerun(best, row["autohet_images"], work)
         if "throughput_ips" not in m:
             return {"ab_error": m.get("error")}
         peers.append(peer)
         ours.append(m["throughput_ips"])
         ratios.append(ours[-1] / peer)
-    return {"ab_peer": peers, "ab_autohet": ours, "ab_ratios": ratios,
-            "ab_ratio_median": float(np.median(ratios))}
+    out: dict[str, Any] = {"ab_peer": peers, "ab_autohet": ours, "ab_ratios": ratios,
+                           "ab_ratio_median": float(np.median(ratios))}
+    for b, figures in at.items():
+        out[f"ab_peer_b{b}"] = figures
+        out[f"ab_ratio_median_b{b}"] = float(np.median([o / p for o, p in zip(ours, figures, strict=True)]))
+    return out
+
+
+def peer_batches(args: argparse.Namespace) -> list[int]:
+    """``--peer-batches`` as numbers, ``--batch`` left out."""
+    return [int(b) for b in (args.peer_batches or "").split(",") if b.strip() and int(b) != args.batch]
 
 
 def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | None, peer_ips: float
@@ -211,6 +228,8 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
         out["autohet_error"] = (proc.stderr or proc.stdout).strip().splitlines()[-1:]
         return out
     images = max(64, int(peer_ips * args.rerun_s))
+    batch = max((int(e.get("batch") or 1) for e in (yaml_executors(best))), default=1)
+    images = -(-images // batch) * batch  # whole batches, as the peers are timed
     m = rerun(best, images, work)
     out["autohet_images"] = images
     if "throughput_ips" in m:
@@ -223,6 +242,13 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
     else:
         out["autohet_error"] = m["error"]
     return out
+
+
+def yaml_executors(config: Path) -> list[dict[str, Any]]:
+    """The executors of an exported config (its pool's)."""
+    import yaml
+
+    return list((yaml.safe_load(config.read_text()).get("pool") or {}).get("executors") or [])
 
 
 def pool_file(cores: list[int], work: Path) -> str:
@@ -252,6 +278,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="lenet, short peers, a 1-trial tune")
     parser.add_argument("--ab-rounds", type=int, default=3,
                         help="then the best peer and autohet's rerun by turns, this many rounds (0: none)")
+    parser.add_argument("--peer-batches", help="e.g. 64: the A/B rounds also time the best peer at these batches")
     parser.add_argument("--out")
     args = parser.parse_args()
     if args.smoke:

@@ -92,6 +92,20 @@ def test_a_variant_the_executor_built_before_is_not_built_again(lenet_workload, 
     assert ex.program is layout
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_released_executor_builds_its_program_again_on_the_next_configure(backend, cache, lenet_workload):
+    """What an idle topology's executor drops short of memory (``release``) comes back, from the cached
+    conversion, when the tuner returns to it with the same settings."""
+    ex = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16, backend=backend), ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    ex.configure({"batch": 32})
+    ex.release()
+    assert ex.program is None and not ex._programs
+    ex.configure({"batch": 32})
+    np.testing.assert_allclose(ex.run(0, 40).outputs, reference(lenet_workload, 0, 40), rtol=1e-4, atol=1e-5)
+    assert len(ex._programs) == 1
+
+
 def test_with_memory_short_the_kept_variants_go_before_another_is_built(cache, lenet_workload, monkeypatch):
     """Below KEEP_VARIANTS_MIN_AVAILABLE of the machine's memory available, building a variant first
     drops those kept (each variant holds its own weights and buffers); the new one still runs."""

@@ -50,11 +50,13 @@ def nine_core_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> PoolSpec:
     return load_pool("actors/gpu1_cpu.yaml")  # auto with one-core groups
 
 
-def _manager(base: PoolSpec, killed: list | None = None, max_live_actors: int | None = None) -> PoolManager:
+def _manager(base: PoolSpec, killed: list | None = None, max_live_actors: int | None = None,
+             released: list | None = None, memory_share: float = 1.0) -> PoolManager:
     workload = Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64)
     sink = killed if killed is not None else []
+    drops = released if released is not None else []
     return PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool, kill=sink.append,
-                       max_live_actors=max_live_actors)
+                       max_live_actors=max_live_actors, release=drops.extend, memory_share=lambda: memory_share)
 
 
 def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_machine: PoolSpec) -> None:
@@ -90,7 +92,7 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     _, back, _ = manager.acquire({}, {})  # the first topology again: every actor found alive
     assert back == first.actors and len(FakePool.made[-1].adopted) == 9
     assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
-                               "standalone_measured": 3}
+                               "actors_released": 0, "standalone_measured": 3}
 
 
 def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
@@ -111,6 +113,25 @@ def test_least_recently_used_idle_actors_are_ended_above_the_cap(nine_core_gpu_m
     assert not killed
     manager.acquire({"cpu_group_size": 4}, {})  # gpu + 2 groups in use: 6 of the 8 idle one-core groups go
     assert len(killed) == 6 and set(killed) <= set(one_core[1:]) and len(manager.live) == 5
+
+
+@pytest.mark.parametrize(("available", "drops"), [(0.5, True), (0.9, False)])
+def test_short_of_memory_a_new_topology_first_has_the_idle_cpu_executors_drop_their_programs(
+        nine_core_gpu_machine: PoolSpec, available: float, drops: bool) -> None:
+    """Only the idle CPU executors drop (the GPU's actor serves both topologies and holds device
+    memory), and only where less than RELEASE_IDLE_BELOW of the memory is available; none is ended."""
+    from autohet.tuning.manager import RELEASE_IDLE_BELOW
+
+    assert 0.5 < RELEASE_IDLE_BELOW < 0.9
+    killed: list = []
+    released: list = []
+    manager = _manager(nine_core_gpu_machine, killed, max_live_actors=64, released=released, memory_share=available)
+    _, one_core, _ = manager.acquire({}, {})
+    assert not released  # nothing idle yet
+    _, grouped, _ = manager.acquire({"cpu_group_size": 4}, {})
+    assert not killed and grouped[0] == one_core[0]
+    assert released == (one_core[1:] if drops else [])
+    assert manager.stats()["actors_released"] == (8 if drops else 0)
 
 
 def test_the_fastest_valid_run_is_remembered() -> None:

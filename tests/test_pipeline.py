@@ -317,7 +317,7 @@ def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     space = load_search_space(cwd / "spaces").restrict(["pipeline"], "throughput").for_machine()[0]
     pool = load_pool(str(REPO / "actors/cpu2.yaml"))
     first = initial_points(space, pool, space_context(space, pool, ModelSpec("lenet"), False))
-    assert [p["strategy"] for p in first] == ["single", "pipeline"]
+    assert [p["strategy"] for p in first] == ["single", "single", "pipeline"]  # the other batch, then the pipeline
     trials = len(first) + 2
     conf = yaml.safe_load((cwd / "conf.yaml").read_text())
     (cwd / "conf.yaml").write_text(yaml.safe_dump({**conf, "trials": trials, "images": 768,

@@ -75,6 +75,11 @@ def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
     points = initial_points(space, load_pool("actors/cpu2.yaml"))
     singles = [p for p in points if p["strategy"] == "single"]
     assert points[: len(singles)] == singles and all(p["single.executor"] == 0 for p in singles)
+    # then the group at its other batch choices, the largest first (filled with the best variant later)
+    own = singles[0]["exec.cpu.batch"]
+    assert [p["exec.cpu.batch"] for p in singles[-2:]] == sorted({4, 16, 64} - {own}, reverse=True)
+    singles = singles[:-2]
+    assert {p["exec.cpu.batch"] for p in singles} == {own}
     # each CPU backend and precision, the fastest known first, the pool file's own setting last
     ran = [tuple(p[f"exec.cpu.{k}"] for k in ("backend", "precision", "channels_last", "streams")) for p in singles]
     in_space = [v for v in CPU_VARIANTS if space.executors["cpu"]["backend"].contains(v.backend)]
@@ -100,6 +105,7 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     """StagedSearch enqueues the strategies only once every single reported, with the best single's
     executor settings; a single that is not ok never sets them."""
     from autohet.objectives import ObjectiveSet
+    from autohet.tuning.initial import Stage
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
 
@@ -111,7 +117,8 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
              for b in ("openvino", "onnxruntime", "eager")]
     later = [{"strategy": "fifo", "fifo.c": 128, "exec.cpu.backend": "eager", "exec.cpu.batch": 64}]
     search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
-                          later=later, kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"), seed=0)
+                          later=[Stage(later)], kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"),
+                          seed=0)
     figures = {"openvino": ("ok", 90.0), "onnxruntime": ("invalid", 500.0), "eager": ("ok", 40.0)}
     configs = [search.suggest(f"t{n}") for n in range(3)]
     for n, config in enumerate(configs):
@@ -123,6 +130,40 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
     assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
     assert search.best["cpu"][0] == 90.0
+
+
+def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winner_on():
+    """The CPU group's batch points wait for the variants, run at the best variant's settings with their
+    own batch, and the strategies after them get the batch that won (not the variants' 16)."""
+    from autohet.objectives import ObjectiveSet
+    from autohet.tuning.initial import Stage
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    pool = load_pool("actors/cpu2.yaml")
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}))
+    base = {"strategy": "single", "single.executor": 0, "exec.cpu.batch": 16, "exec.cpu.precision": "fp32",
+            "exec.cpu.channels_last": False, "exec.cpu.streams": 0, "exec.cpu.backend": "eager"}
+    first = [{**base, "exec.cpu.backend": b} for b in ("onnxruntime", "eager")]
+    batches = [{**base, "exec.cpu.batch": b} for b in (64, 4)]
+    later = [Stage(batches, frozenset({"exec.cpu.batch"})),
+             Stage([{"strategy": "fifo", "fifo.c": 128, "exec.cpu.backend": "eager", "exec.cpu.batch": 16}])]
+    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
+                          later=later, kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"),
+                          seed=0)
+    figures = {("onnxruntime", 16): 40.0, ("eager", 16): 20.0, ("onnxruntime", 64): 48.0, ("onnxruntime", 4): 30.0}
+    for n in range(4):
+        config = search.suggest(f"t{n}")
+        assert config["strategy"] == "single"
+        if n in (1, 3):
+            assert search.suggest("early") is None  # each stage waits for the one before
+        search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figures[
+            (config["exec.cpu.backend"], config["exec.cpu.batch"])]})
+    strategy = search.suggest("t4")
+    assert strategy["strategy"] == "fifo"
+    assert (strategy["exec.cpu.backend"], strategy["exec.cpu.batch"]) == ("onnxruntime", 64)
+    assert search.best["cpu"][0] == 48.0
 
 
 def cpu2_fifo_search(monkeypatch, clock: list[float]):

@@ -67,11 +67,11 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
     from autohet.cli import main
     from autohet.strategies import get_strategy
 
-    cwd, env = setup_dir(tmp_path, trials=9, broken=True)
+    cwd, env = setup_dir(tmp_path, trials=10, broken=True)  # the first points: 2 singles, 8 strategies
     proc = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "e2e"], cwd, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert re.search(r"9 trials in \d+ s: acquire \d+ s, .*acquiring executors \d+% of the wall time\); trials: "
+    assert re.search(r"10 trials in \d+ s: acquire \d+ s, .*acquiring executors \d+% of the wall time\); trials: "
                      r"\d+ ok, 1 invalid; .*topologies started", proc.stderr)
     assert not (cwd / "mlruns").exists()
     client = client_for(cwd)
@@ -80,7 +80,7 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
     runs = client.search_runs([exp.experiment_id], max_results=100)
     parents = [r for r in runs if r.data.tags.get("autohet_kind") == "tune"]
     trials = [r for r in runs if r.data.tags.get("autohet_kind") == "trial"]
-    assert len(parents) == 1 and len(trials) == 9
+    assert len(parents) == 1 and len(trials) == 10
     parent = parents[0]
     assert parent.data.params["objective"] == "throughput" and parent.data.params["platform.cpu_cores"]
     for run in trials:

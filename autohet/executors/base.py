@@ -253,6 +253,11 @@ class Executor(ABC):
             if self.workload is not None:
                 self.reconfigure()
 
+    def release(self) -> None:
+        """Drops what a later ``configure`` can build again (an idle executor short of memory); the
+        default holds nothing worth dropping."""
+        return None
+
     def reconfigure(self) -> None:
         """Optional hook: set up the new ``spec`` on the loaded executor (default: load again)."""
         assert self.workload is not None

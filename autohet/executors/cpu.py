@@ -182,6 +182,14 @@ class CpuExecutor(Executor):
     def reconfigure(self) -> None:
         self._activate()
 
+    def release(self) -> None:
+        """Every built program dropped (their converted models stay cached on disk); ``configure``
+        builds the current one again."""
+        self._drop_ahead()
+        self._programs.clear()
+        self.program = None
+        gc.collect()
+
     def configure(self, params: dict[str, Any]) -> None:
         super().configure(params)
         if self.workload is not None and getattr(self, "program", None) is None:

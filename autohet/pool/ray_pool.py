@@ -61,6 +61,10 @@ class ExecutorActor:
     def set_workload(self, workload: Workload) -> None:
         self.executor.set_workload(workload)
 
+    def release(self) -> None:
+        self.executor.release()
+        settle()
+
     def run(self, start: int, size: int, following: tuple[int, int] | None = None) -> tuple[Any, float]:
         result = self.executor.run_ahead(start, size, following)
         return result.outputs, result.compute_s

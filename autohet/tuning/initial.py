@@ -3,14 +3,15 @@
 Stage one is ``single`` on each kind of executor: a GPU at each of its backends, then batch choices;
 a CPU group (one group of every core, where the pool is auto-detected) at each CPU backend and
 precision, the fastest known first. Its best figure is the one every mixed configuration must beat,
-so the result is never below the best single executor measured. Stage two is every strategy at the
-defaults that suit the pool, with each executor kind at the settings of its best single in stage
-one (``StagedSearch`` fills them in once stage one has run: ``with_best``).
+so the result is never below the best single executor measured. Then the CPU group's best variant at
+each other batch choice (``batches``), and stage two: every strategy at the defaults that suit the
+pool, with each executor kind at the settings of its best single so far (``StagedSearch`` fills them
+in once the stage before has run: ``with_best``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from autohet.objectives import RunMode
@@ -20,7 +21,7 @@ from autohet.strategies import get_strategy
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.space import SearchSpace
 
-__all__ = ["CPU_VARIANTS", "CpuVariant", "FirstPoints", "initial_points", "staged_points", "with_best"]
+__all__ = ["CPU_VARIANTS", "CpuVariant", "FirstPoints", "Stage", "initial_points", "staged_points", "with_best"]
 
 # the compiled backends first, for both objectives: inductor, then CUDA graphs. At batch 1 inductor
 # is compiled and then captured, and beat the plain CUDA graph on the H100 box (0.22 vs 0.39 ms
@@ -55,15 +56,33 @@ CPU_VARIANTS: tuple[CpuVariant, ...] = (
 )
 
 
+class Stage(NamedTuple):
+    """Points that go in once the stage before has run, each at the best singles' settings so far,
+    except for its own values of ``keep``."""
+
+    points: list[dict[str, Any]]
+    keep: frozenset[str] = frozenset()
+
+    def filled(self, best: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        return [with_best(point, best, self.keep) for point in self.points]
+
+
 @dataclass
 class FirstPoints:
-    """Stage one (singles, run first) and stage two (strategies, given the best singles' settings)."""
+    """Stage one (singles, run first), the CPU group's best variant at the other batch choices
+    (``batches``), then stage two (strategies); each stage after the first gets the best singles'
+    settings."""
 
     singles: list[dict[str, Any]]
     strategies: list[dict[str, Any]]
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    def later(self) -> list[Stage]:
+        """The stages after the first, in order (``StagedSearch``)."""
+        return [Stage(self.batches, frozenset({"exec.cpu.batch"})), Stage(self.strategies)]
 
     def all(self) -> list[dict[str, Any]]:
-        return self.singles + self.strategies
+        return self.singles + self.batches + self.strategies
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
@@ -135,6 +154,21 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     return [*points, base]
 
 
+def _cpu_batches(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """Single on the CPU group at each batch choice but its first points' one, the largest first (its
+    backend, precision and layout are the best CPU single's: ``Stage.filled``). On the 2-core box ONNX
+    Runtime ran resnet18 at 48.8 img/s at batch 64 and 43.7 at 16, and vgg16 with NNPACK's layers at
+    6.1 against 5.6 (BENCHMARKS 28). None beside a GPU, where a CPU group adds under 1%."""
+    found = _cpu_group(space, pool)
+    dim = space.executors.get("cpu", {}).get("batch")
+    if found is None or dim is None or any(e.uses_gpu for e in pool.executors):
+        return []
+    index, pool_dims = found
+    base = {"strategy": "single", "single.executor": index, **defaults, **pool_dims}
+    values = sorted((v for v in dim.values() or [] if v != base.get("exec.cpu.batch")), reverse=True)
+    return [{**base, "exec.cpu.batch": v} for v in values]
+
+
 def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: str) -> list[dict[str, Any]]:
     """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
     first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
@@ -155,9 +189,9 @@ def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode:
 def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
                   mode: str = RunMode.THROUGHPUT) -> FirstPoints:
     """Stage one: single per GPU kind and size (each backend, then batch), then the CPU group at each
-    backend and precision; stage two: every strategy at its pool-suited defaults (values outside the
-    space are left to the sampler). ``mode``: the objective's; latency puts every GPU on CUDA graphs
-    and tries the GPU alone with inductor first."""
+    backend and precision; then the CPU group at its other batches (throughput only); stage two: every
+    strategy at its pool-suited defaults (values outside the space are left to the sampler). ``mode``:
+    the objective's; latency puts every GPU on CUDA graphs and tries the GPU alone with inductor first."""
     defaults = _exec_defaults(space, pool)
     backend = space.executors.get("gpu", {}).get("backend")
     if RunMode(mode).per_request and backend is not None and backend.contains("cudagraphs"):
@@ -173,6 +207,7 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         else:
             singles.append({"strategy": "single", "single.executor": i, **defaults})
     singles += _cpu_singles(space, pool, defaults)
+    batches = [] if RunMode(mode).per_request else _cpu_batches(space, pool, defaults)
     strategies = []
     for name, dims in space.strategies.items():
         if name == "single":
@@ -183,19 +218,21 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         point.update({f"{name}.{p}": values[p] for p, dim in dims.items()
                       if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
         strategies.append(point)
-    return FirstPoints(singles, strategies)
+    return FirstPoints(singles, strategies, batches)
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
                    mode: str = RunMode.THROUGHPUT) -> list[dict[str, Any]]:
-    """Both stages' points in order, stage two at the pool's own executor settings."""
+    """Every stage's points in order, the later ones at the pool's own executor settings."""
     return staged_points(space, pool, ctx, mode).all()
 
 
-def with_best(point: dict[str, Any], best: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """A stage-two point with each executor kind at its best single's settings (``best``: kind ->
-    that single's ``exec.<kind>.*`` values); kinds without a valid single keep the pool's own."""
+def with_best(point: dict[str, Any], best: dict[str, dict[str, Any]],
+              keep: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """A later stage's point with each executor kind at its best single's settings (``best``: kind ->
+    that single's ``exec.<kind>.*`` values), except the point's own values of ``keep``; kinds without a
+    valid single keep the pool's own."""
     out = dict(point)
     for kind, values in best.items():
-        out.update({k: v for k, v in values.items() if k.startswith(f"exec.{kind}.")})
+        out.update({k: v for k, v in values.items() if k.startswith(f"exec.{kind}.") and k not in keep})
     return out

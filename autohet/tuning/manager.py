@@ -4,7 +4,8 @@ Trials run in Ray Tune's worker processes; they ask the manager (a Ray actor hol
 devices) for the actor handles of the topology a trial wants, with that trial's executor
 parameters applied. Only one topology runs at a time: devices are never shared by two runs.
 Executors present in two topologies (a GPU with its feeding core) keep one actor, and the
-actors of a topology the tuner left stay alive for when it comes back.
+actors of a topology the tuner left stay alive for when it comes back; short of memory, their CPU
+executors drop what they built first (``RELEASE_IDLE_BELOW``).
 
 Standalone throughputs (the limit) are measured once per executor class and configuration
 (``autohet.pool.standalone``) and reused by every later trial and topology.
@@ -21,7 +22,13 @@ from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity,
 from autohet.pool.spec import POOL_DIMS
 from autohet.workload import Workload, WorkloadSpec
 
-__all__ = ["PoolManager", "regroup"]
+__all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
+
+# A new topology starting with less than this share of the machine's memory available first has the idle
+# topologies' CPU executors drop their programs (``Executor.release``; converted models stay cached on
+# disk, so a return rebuilds in seconds). On the 2-core box (24 GiB) one vgg16 group held 6.7 GB at
+# ONNX Runtime with NNPACK's layers at batch 64, and a topology of two such groups needs twice that.
+RELEASE_IDLE_BELOW = 0.75
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
@@ -46,7 +53,9 @@ class PoolManager:
 
     def __init__(self, base: PoolSpec, model: ModelSpec, workload: WorkloadSpec | Workload, prefix: str,
                  pool_factory: Callable[[PoolSpec, str], Any] | None = None,
-                 kill: Callable[[Any], None] | None = None, max_live_actors: int | None = None) -> None:
+                 kill: Callable[[Any], None] | None = None, max_live_actors: int | None = None,
+                 release: Callable[[list[Any]], None] | None = None,
+                 memory_share: Callable[[], float] | None = None) -> None:
         # built here from the (small) spec: a restarted manager needs nothing from the object store
         self.workload = Workload.from_spec(workload) if isinstance(workload, WorkloadSpec) else workload
         self.base = base
@@ -54,6 +63,8 @@ class PoolManager:
         self.prefix = prefix
         self.pool_factory = pool_factory or (lambda spec, name: RayPool(spec, name, reserve_cpus=False))
         self.kill = kill or _kill_actor
+        self.release = release or _release_actors
+        self.memory_share = memory_share or _memory_available_share
         self.max_live_actors = max_live_actors or 4 * (os.cpu_count() or 1)
         self.pool: Any = None
         self.key: tuple | None = None
@@ -63,6 +74,7 @@ class PoolManager:
         self.topologies_started = 0
         self.actors_adopted = 0
         self.actors_replaced = 0
+        self.actors_released = 0
         self.best_ips: float | None = None
         self.standalone_cache = StandaloneCache()
 
@@ -77,6 +89,7 @@ class PoolManager:
         if key != self.key or self.pool is None:
             adopt = {i: self.live[i] for i in key if i in self.live}
             self._free_gpus(set(key) - set(adopt))
+            self._release_idle(set(key))
             self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
             compile_s += self.pool.start(self.model, self.workload, adopt=adopt) or 0.0
             self.pool.owned = False  # its actors are the manager's to end
@@ -96,6 +109,14 @@ class PoolManager:
         wanted = {(i.node, i.gpu) for i in fresh if i.holds_gpu}
         for ident in [i for i in self.live if i.holds_gpu and (i.node, i.gpu) in wanted and i not in fresh]:
             self._end(ident)
+
+    def _release_idle(self, current: set[Identity]) -> None:
+        """Short of memory (``RELEASE_IDLE_BELOW``), the idle CPU executors drop their programs before
+        the topology ``current`` builds its own; GPU executors keep theirs (device memory)."""
+        idle = [actor for ident, actor in self.live.items() if ident not in current and not ident.holds_gpu]
+        if idle and self.memory_share() < RELEASE_IDLE_BELOW:
+            self.release(idle)
+            self.actors_released += len(idle)
 
     def _end(self, ident: Identity) -> None:
         """Ends a live executor's actor; a partition's group actor takes its other members with it."""
@@ -164,7 +185,8 @@ class PoolManager:
 
     def stats(self) -> dict[str, int]:
         return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
-                "actors_replaced": self.actors_replaced, "standalone_measured": len(self.standalone_cache)}
+                "actors_replaced": self.actors_replaced, "actors_released": self.actors_released,
+                "standalone_measured": len(self.standalone_cache)}
 
     def calibrate(self, seconds: float) -> float:
         """Sum of standalone throughputs of the base topology at its own params (images/s)."""
@@ -176,6 +198,18 @@ class PoolManager:
             self.kill(actor)
         self.live.clear()
         self.pool, self.key = None, None
+
+
+def _release_actors(actors: list[Any]) -> None:
+    import ray
+
+    ray.get([actor.release.remote() for actor in actors])
+
+
+def _memory_available_share() -> float:
+    from autohet.executors.cpu import memory_available_share
+
+    return memory_available_share()
 
 
 def _kill_actor(actor: Any) -> None:

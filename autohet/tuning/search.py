@@ -1,9 +1,10 @@
 """OptunaSearch with the tune's two stages of first points (``autohet.tuning.initial``).
 
-Stage one's singles are enqueued at once, as Optuna's first points always were. Stage two's
-strategy points wait until every single has reported, then go in with each executor kind at its
-best single's settings: a data-parallel trial on CPU groups runs OpenVINO bf16 where the singles
-found it fastest, not the pool file's eager fp32. After both stages, once acquiring executors has
+Stage one's singles are enqueued at once, as Optuna's first points always were. Each later stage
+(the CPU group's other batches, then the strategies) waits until every point before it has
+reported, then goes in with each executor kind at its best single's settings so far: a data-parallel
+trial on CPU groups runs OpenVINO bf16 where the singles found it fastest, not the pool file's eager
+fp32. After every stage, once acquiring executors has
 taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, or one more acquiring as long as the
 longest so far would take it past that share of the tune's expected length (``expect``), each
 sampled point keeps the pool dims of the best trial so far (its actors are alive) and each executor
@@ -21,7 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
-from autohet.tuning.initial import with_best
+from autohet.tuning.initial import Stage
 
 __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 
@@ -37,15 +38,15 @@ ACQUIRE_SHARE_CAP = 0.15
 
 
 class StagedSearch(OptunaSearch):
-    """``later``: stage two's points; ``kind_of(config)``: the executor kind a single's config ran on;
+    """``later``: the stages after the first, in order; ``kind_of(config)``: the executor kind a single's config ran on;
     ``objectives``: which figure makes a single best (the primary objective's)."""
 
-    def __init__(self, *args: Any, later: list[dict[str, Any]] | None = None,
+    def __init__(self, *args: Any, later: list[Stage] | None = None,
                  kind_of: Callable[[dict[str, Any]], str | None] | None = None,
                  objectives: ObjectiveSet | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._first = len(kwargs.get("points_to_evaluate") or [])
-        self._later = list(later or [])
+        self._enqueued = len(kwargs.get("points_to_evaluate") or [])  # points the next stage waits for
+        self._later = [stage for stage in later or [] if stage.points]
         self._kind_of = kind_of
         self._objectives = objectives
         self._configs: dict[str, dict[str, Any]] = {}
@@ -84,14 +85,15 @@ class StagedSearch(OptunaSearch):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         if self.started is None:
             self.started = time.time()
-        if self._later and len(self._configs) >= self._first and self._finished < self._first:
-            return None  # Tune asks again: the last single is still reporting, and stage two needs it
-        if self._later and self._finished >= self._first:
+        if self._later and len(self._configs) >= self._enqueued and self._finished < self._enqueued:
+            return None  # Tune asks again: the stage before is still reporting, and the next one needs it
+        if self._later and self._finished >= self._enqueued:
             best = {kind: values for kind, (_, values) in self.best.items()}
-            for point in self._later:
-                self._ot_study.enqueue_trial(with_best(point, best))
-            self._later = []
-        elif not self._later and self._finished >= self._first:
+            points = self._later.pop(0).filled(best)
+            for point in points:
+                self._ot_study.enqueue_trial(point)
+            self._enqueued += len(points)
+        elif not self._later and self._finished >= self._enqueued:
             self._keep_topology()
         config = super().suggest(trial_id)
         if config is not None:

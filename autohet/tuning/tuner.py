@@ -402,7 +402,7 @@ def _searcher(model: ModelSpec, settings: TuneSettings, space: SearchSpace, pool
     first = _first_points(space, pool_spec, space_ctx, objectives, resume)
     return StagedSearch(
         DefineByRun(space, space_ctx), metric=objectives.search_metric, mode=objectives.search_mode,
-        points_to_evaluate=first.singles if first else None, later=first.strategies if first else None,
+        points_to_evaluate=first.singles if first else None, later=first.later() if first else None,
         kind_of=SingleKind(pool_spec), objectives=objectives,
         sampler=sampler, study_name=study_name, storage=storage, seed=settings.seed)
 
