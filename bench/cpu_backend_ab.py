@@ -7,9 +7,11 @@ the executor's own throughput. Each executor is built once (its build time print
 ``onnxruntime_nnpack`` the first build times each candidate layer both ways), then rounds interleave
 the peer and the executors (``--images`` images per executor call, the way a ``single`` trial calls
 it), so a machine's drift hits every one alike; it prints each one's median img/s and the ratio to
-the peer's median.
+the peer's median. ``--batch`` may list several batches: each executor and the peer at each of them
+(``name@b<batch>``), all by turns, ratios to the peer at ``--batch``'s first.
 
     python -m bench.cpu_backend_ab --model vgg16 --rounds 5
+    python -m bench.cpu_backend_ab --model resnet18 --batch 16,64 --backends onnxruntime
 """
 
 from __future__ import annotations
@@ -67,9 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="vgg16")
     parser.add_argument("--cores", help="e.g. 0-1 (default: all)")
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--batch", default="16", help="a batch, or several: 16,64")
     parser.add_argument("--backends", default="onnxruntime,onnxruntime_nnpack")
-    parser.add_argument("--images", type=int, default=32, help="images per executor call")
+    parser.add_argument("--images", type=int, default=32, help="images per executor call (at least 2 batches)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=6.0, help="each measurement's length")
     parser.add_argument("--out")
@@ -80,29 +82,42 @@ def main() -> None:
 
     cores = parse_cores(args.cores)
     os.sched_setaffinity(0, cores)
-    workload = Workload.from_spec(WorkloadSpec(args.images, input_shape(args.model), seed=0))
-    built = {b: executor(args.model, cores, args.batch, b, workload) for b in args.backends.split(",")}
-    for name, (ex, seconds) in built.items():
+    batches = [int(b) for b in str(args.batch).split(",") if b.strip()]
+    several = len(batches) > 1
+
+    def label(name: str, batch: int) -> str:
+        return f"{name}@b{batch}" if several else name
+
+    images = {b: max(args.images, 2 * b) for b in batches}
+    workload = Workload.from_spec(WorkloadSpec(max(images.values()), input_shape(args.model), seed=0))
+    built = {(label(name, b), b): executor(args.model, cores, b, name, workload)
+             for b in batches for name in args.backends.split(",")}
+    for (name, _), (ex, seconds) in built.items():
         print(f"{name}: built in {seconds:.1f} s; {json.dumps(ex.describe())}", flush=True)
-    figures: dict[str, list[float]] = {"peer_onnxruntime": [], **{b: [] for b in built}}
+    peer = label("peer_onnxruntime", batches[0])
+    figures: dict[str, list[float]] = {label("peer_onnxruntime", b): [] for b in batches}
+    figures.update({name: [] for name, _ in built})
     with tempfile.TemporaryDirectory() as work:
         session = peer_session(args.model, len(cores), Path(work))
-        x = np.random.default_rng(0).standard_normal((args.batch, *input_shape(args.model)), dtype=np.float32)
-        feed = {session.get_inputs()[0].name: x}
+        rng = np.random.default_rng(0)
+        feeds = {b: {session.get_inputs()[0].name: rng.standard_normal((b, *input_shape(args.model)),
+                                                                        dtype=np.float32)} for b in batches}
         for r in range(args.rounds):
-            figures["peer_onnxruntime"].append(rate(lambda: session.run(None, feed), args.batch, args.seconds))
-            for name, (ex, _) in built.items():
-                figures[name].append(executor_rate(ex, args.images, args.seconds))
+            for b in batches:
+                figures[label("peer_onnxruntime", b)].append(
+                    rate(lambda feed=feeds[b]: session.run(None, feed), b, args.seconds))
+            for (name, b), (ex, _) in built.items():
+                figures[name].append(executor_rate(ex, images[b], args.seconds))
             print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in figures.items()), flush=True)
-    peer_median = statistics.median(figures["peer_onnxruntime"])
-    row = {"machine": describe_machine(), "model": args.model, "cores": cores, "batch": args.batch,
-           "images_per_call": args.images, "rounds": figures,
+    peer_median = statistics.median(figures[peer])
+    row = {"machine": describe_machine(), "model": args.model, "cores": cores, "batch": batches,
+           "peer": peer, "images_per_call": images, "rounds": figures,
            "median_ips": {k: statistics.median(v) for k, v in figures.items()},
            "ratio_to_peer": {k: statistics.median(v) / peer_median for k, v in figures.items()},
-           "round_ratios": {k: [x / p for x, p in zip(v, figures["peer_onnxruntime"], strict=True)]
+           "round_ratios": {k: [x / p for x, p in zip(v, figures[peer], strict=True)]
                             for k, v in figures.items()}}
     for k in figures:
-        print(f"{k}: median {row['median_ips'][k]:.3f} img/s = {row['ratio_to_peer'][k]:.3f}x the peer "
+        print(f"{k}: median {row['median_ips'][k]:.3f} img/s = {row['ratio_to_peer'][k]:.3f}x {peer} "
               f"(rounds {', '.join(f'{x:.3f}' for x in row['round_ratios'][k])})")
     if args.out:
         Path(args.out).write_text(json.dumps(row, indent=1))

@@ -134,7 +134,8 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
 
 def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winner_on():
     """The CPU group's batch points wait for the variants, run at the best variant's settings with their
-    own batch, and the strategies after them get the batch that won (not the variants' 16)."""
+    own batch, and the strategies after them on groups of that size get the batch that won (not the
+    variants' 16); a strategy on groups of another size keeps its own batch."""
     from autohet.objectives import ObjectiveSet
     from autohet.tuning.initial import Stage
     from autohet.tuning.search import SingleKind, StagedSearch
@@ -142,13 +143,16 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
 
     space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
     pool = load_pool("actors/cpu2.yaml")
-    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}))
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
     base = {"strategy": "single", "single.executor": 0, "exec.cpu.batch": 16, "exec.cpu.precision": "fp32",
-            "exec.cpu.channels_last": False, "exec.cpu.streams": 0, "exec.cpu.backend": "eager"}
+            "exec.cpu.channels_last": False, "exec.cpu.streams": 0, "exec.cpu.backend": "eager",
+            "pool.cpu_group_size": 2, "pool.gpu_partitions": 1}
     first = [{**base, "exec.cpu.backend": b} for b in ("onnxruntime", "eager")]
     batches = [{**base, "exec.cpu.batch": b} for b in (64, 4)]
+    fifo = {"strategy": "fifo", "fifo.c": 128, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
+            "pool.gpu_partitions": 1}
     later = [Stage(batches, frozenset({"exec.cpu.batch"})),
-             Stage([{"strategy": "fifo", "fifo.c": 128, "exec.cpu.backend": "eager", "exec.cpu.batch": 16}])]
+             Stage([{**fifo, "pool.cpu_group_size": 2}, {**fifo, "pool.cpu_group_size": 1}])]
     search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
                           later=later, kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"),
                           seed=0)
@@ -160,9 +164,11 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
             assert search.suggest("early") is None  # each stage waits for the one before
         search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figures[
             (config["exec.cpu.backend"], config["exec.cpu.batch"])]})
-    strategy = search.suggest("t4")
-    assert strategy["strategy"] == "fifo"
-    assert (strategy["exec.cpu.backend"], strategy["exec.cpu.batch"]) == ("onnxruntime", 64)
+    same, other = search.suggest("t4"), search.suggest("t5")
+    assert same["strategy"] == other["strategy"] == "fifo"
+    assert (same["pool.cpu_group_size"], same["exec.cpu.backend"], same["exec.cpu.batch"]) == (2, "onnxruntime", 64)
+    assert (other["pool.cpu_group_size"], other["exec.cpu.backend"], other["exec.cpu.batch"]) == (
+        1, "onnxruntime", 16)
     assert search.best["cpu"][0] == 48.0
 
 

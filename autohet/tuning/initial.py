@@ -63,8 +63,14 @@ class Stage(NamedTuple):
     points: list[dict[str, Any]]
     keep: frozenset[str] = frozenset()
 
-    def filled(self, best: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        return [with_best(point, best, self.keep) for point in self.points]
+    def filled(self, best: dict[str, dict[str, Any]], cpu_group: Any = None) -> list[dict[str, Any]]:
+        """``cpu_group``: the ``pool.cpu_group_size`` the best CPU single ran at. A point on groups of
+        another size keeps its own CPU batch: on the 2-core box ONNX Runtime gained 12% from batch 64 on
+        a 2-core group (resnet18 48.8 against 43.7 img/s at 16) and nothing on one core (22.2 at both),
+        where a vgg16 trial at 64 over two 1-core groups took 106 s and ran 3.7 img/s (BENCHMARKS 28)."""
+        return [with_best(point, best, self.keep | (
+            {"exec.cpu.batch"} if point.get("pool.cpu_group_size") != cpu_group else set()))
+            for point in self.points]
 
 
 @dataclass

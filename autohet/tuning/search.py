@@ -52,6 +52,7 @@ class StagedSearch(OptunaSearch):
         self._configs: dict[str, dict[str, Any]] = {}
         self._finished = 0
         self.best: dict[str, tuple[float, dict[str, Any]]] = {}  # kind -> (figure, its exec.<kind>.* values)
+        self.best_cpu_group: Any = None  # the pool.cpu_group_size the best CPU single ran at
         self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
         self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
         self.longest_acquire_s = 0.0  # the longest one trial spent acquiring
@@ -89,7 +90,7 @@ class StagedSearch(OptunaSearch):
             return None  # Tune asks again: the stage before is still reporting, and the next one needs it
         if self._later and self._finished >= self._enqueued:
             best = {kind: values for kind, (_, values) in self.best.items()}
-            points = self._later.pop(0).filled(best)
+            points = self._later.pop(0).filled(best, self.best_cpu_group)
             for point in points:
                 self._ot_study.enqueue_trial(point)
             self._enqueued += len(points)
@@ -136,6 +137,8 @@ class StagedSearch(OptunaSearch):
         known = self.best.get(kind)
         if known is None or self._objectives.primary.better(float(value), known[0]):
             self.best[kind] = (float(value), {k: v for k, v in config.items() if k.startswith(f"exec.{kind}.")})
+            if kind == "cpu":
+                self.best_cpu_group = config.get("pool.cpu_group_size")
 
 
 class SingleKind:
