@@ -65,9 +65,9 @@ class Stage(NamedTuple):
 
     def filled(self, best: dict[str, dict[str, Any]], cpu_group: Any = None) -> list[dict[str, Any]]:
         """``cpu_group``: the ``pool.cpu_group_size`` the best CPU single ran at. A point on groups of
-        another size keeps its own CPU batch: on the 2-core box ONNX Runtime gained 12% from batch 64 on
-        a 2-core group (resnet18 48.8 against 43.7 img/s at 16) and nothing on one core (22.2 at both),
-        where a vgg16 trial at 64 over two 1-core groups took 106 s and ran 3.7 img/s (BENCHMARKS 28)."""
+        another size keeps its own CPU batch: in a README-job tune on the 2-core box, ONNX Runtime at
+        batch 64 (which a 2-core group's single had won by 0.7%) made a vgg16 ``static`` trial over two
+        1-core groups take 106 s at 3.7 img/s; at their own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28)."""
         return [with_best(point, best, self.keep | (
             {"exec.cpu.batch"} if point.get("pool.cpu_group_size") != cpu_group else set()))
             for point in self.points]
@@ -162,9 +162,10 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
 
 def _cpu_batches(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Single on the CPU group at each batch choice but its first points' one, the largest first (its
-    backend, precision and layout are the best CPU single's: ``Stage.filled``). On the 2-core box ONNX
-    Runtime ran resnet18 at 48.8 img/s at batch 64 and 43.7 at 16, and vgg16 with NNPACK's layers at
-    6.1 against 5.6 (BENCHMARKS 28). None beside a GPU, where a CPU group adds under 1%."""
+    backend, precision and layout are the best CPU single's: ``Stage.filled``). In-process on the 2-core
+    box, vgg16 with NNPACK's layers ran 6.05 img/s at batch 64 (BENCHMARKS 28) against 5.56 at 16 (27);
+    resnet18's ONNX Runtime gained nothing (37.8 at 64, 41.9 at 16 in one tune). None beside a GPU,
+    where a CPU group adds under 1%."""
     found = _cpu_group(space, pool)
     dim = space.executors.get("cpu", {}).get("batch")
     if found is None or dim is None or any(e.uses_gpu for e in pool.executors):
