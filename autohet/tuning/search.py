@@ -1,4 +1,4 @@
-"""OptunaSearch with the tune's two stages of first points (``autohet.tuning.initial``).
+"""OptunaSearch with the tune's staged first points (``autohet.tuning.initial``).
 
 Stage one's singles are enqueued at once, as Optuna's first points always were. Each later stage
 (the CPU group's other batches, then the strategies) waits until every point before it has
