@@ -160,7 +160,10 @@ def test_pool_suited_defaults_apply_only_when_none_of_their_keys_is_given():
     assert fifo.validate(fifo.defaults_for(mixed, {})) == {"c": 4, "unit": "batches"}
     assert fifo.validate(fifo.defaults_for(mixed, {"c": 4096})) == {"c": 4096, "unit": "images"}  # the seed's unit
     cpu_only = PoolSpec("c", [ExecutorSpec("c0", "cpu", (0,)), ExecutorSpec("c1", "cpu", (1,))])
-    assert fifo.validate(fifo.defaults_for(cpu_only, {})) == {"c": 128, "unit": "images"}
+    assert fifo.validate(fifo.defaults_for(cpu_only, {})) == {"c": 1, "unit": "batches"}  # a batch: 0.05-3 s
+    assert fifo.validate(fifo.defaults_for(cpu_only, {"c": 128})) == {"c": 128, "unit": "images"}
+    sims = PoolSpec("s", [ExecutorSpec("s0", "sim", speed_ips=100.0), ExecutorSpec("s1", "sim", speed_ips=100.0)])
+    assert fifo.validate(fifo.defaults_for(sims, {})) == {"c": 128, "unit": "images"}  # the seed's sizes
 
 
 @pytest.mark.ray

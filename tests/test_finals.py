@@ -10,7 +10,15 @@ import pytest
 from autohet.errors import UserError
 from autohet.objectives import LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
 from autohet.tracking import final_pick
-from autohet.tuning.finals import Finalist, final_choice, finals_table, pick_finalists, run_finals
+from autohet.tuning.finals import (
+    FINAL_MOST_SCALE,
+    Finalist,
+    final_choice,
+    final_scale,
+    finals_table,
+    pick_finalists,
+    run_finals,
+)
 from autohet.tuning.settings import load_settings
 
 
@@ -108,6 +116,25 @@ def test_no_round_finished_leaves_the_choice_to_the_best_trial():
     run, calls = runner(clock, {"hat": [1.0], "single": [1.0]})
     assert run_finals(finalists, run, THROUGHPUT, rounds=2, deadline=10.0, clock=clock) == 0
     assert calls == [] and final_choice(finalists, THROUGHPUT) is None
+
+
+def test_final_runs_grow_into_half_the_time_left_up_to_the_most():
+    finalists = [entrant("hat", 50.0, trial_s=3.0), entrant("single", 49.0, trial_s=3.0)]  # 12 s for 2 rounds
+    assert final_scale(finalists, 2, time_left=48.0) == 2.0  # half of 48 s over 12 s planned
+    assert final_scale(finalists, 2, time_left=400.0) == FINAL_MOST_SCALE
+    assert final_scale(finalists, 2, time_left=10.0) == 1.0  # never shorter than the trials
+    assert final_scale([entrant("hat", 50.0, trial_s=0.0)], 2, time_left=100.0) == 1.0
+
+
+def test_a_longer_setup_sizes_its_runs_longer_and_an_unsized_one_is_unchanged():
+    from autohet.tuning.trainable import TrialSetup, TrialSizing
+
+    sized = TrialSetup(None, None, "throughput", "m", 16, 0.5, 50, sizing=TrialSizing(3.0, 32, 10**6, 40.0))
+    longer = sized.longer(4.0)
+    assert longer.sizing.images_at(40.0) == 4 * sized.sizing.images_at(40.0) == 512  # 128 images -> 512
+    assert sized.sizing.target_s == 3.0 and sized.longer(1.0) is sized
+    unsized = TrialSetup(None, None, "throughput", "m", 16, 0.5, 50)
+    assert unsized.longer(4.0) is unsized
 
 
 def fake_run(run_id: str, parent: str, value: float, final: float | None = None, status: str = "ok"):

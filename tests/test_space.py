@@ -86,7 +86,10 @@ def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
     assert ran == [*in_space, ("eager", "fp32", False, 0)] and len(in_space) >= 6
     assert {p["strategy"] for p in points} == set(space.strategies)
     fast = next(p for p in points if p["strategy"] == "fast_split")
-    assert fast["fast_split.w_s"] == 64 and fast["exec.cpu.batch"] == 64  # the seed's defaults on a CPU-only pool
+    # a CPU-only pool's fixed sizes count batches, one each: the tail is one batch (data_parallel.cpu_groups_only)
+    assert (fast["fast_split.w_s"], fast["fast_split.unit"], fast["exec.cpu.batch"]) == (1, "batches", 64)
+    fifo = next(p for p in points if p["strategy"] == "fifo")
+    assert (fifo["fifo.c"], fifo["fifo.unit"]) == (1, "batches")
 
 
 def test_the_cpu_singles_of_an_auto_pool_run_one_group_of_every_core(monkeypatch):

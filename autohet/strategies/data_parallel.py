@@ -45,6 +45,16 @@ def mixed_speeds(spec: PoolSpec) -> bool:
     return any(e.uses_gpu for e in spec.executors) and not all(e.uses_gpu for e in spec.executors)
 
 
+def cpu_groups_only(spec: PoolSpec) -> bool:
+    """Whether every executor is a CPU core group. A batch there is 0.05-3 s of work (batch 16 on one
+    core of the 2-core box: 0.8 s of resnet18, 3 s of vgg16), so a unit of one batch costs little in
+    dispatch and caps the tail at one batch, where the seed's 64-128-image units are 4-8 batches: in a
+    tune's 128-image trial over two 1-core groups, fifo's 128 went to one group alone (0.45 of the
+    limit), and the tune exported quick. fifo at one batch ran 1.02-1.09x ONNX Runtime's own two
+    threads on resnet18 (BENCHMARKS 29)."""
+    return bool(spec.executors) and all(e.is_cpu for e in spec.executors)
+
+
 class DataParallelStrategy(Strategy):
     """Base of the family: ``assign`` sizes work for idle executors; ``barrier`` waits for all."""
 
@@ -225,7 +235,9 @@ class QuickScheduler(DataParallelStrategy):
     params = {"p": IntParam("p", 64, low=1, high=100000, help="probe size per executor"), "unit": UNIT}
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        return {"unit": "batches", "p": 2} if mixed_speeds(spec) else {}
+        if mixed_speeds(spec):
+            return {"unit": "batches", "p": 2}
+        return {"unit": "batches", "p": 1} if cpu_groups_only(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         if state.round_index == 1:
@@ -243,7 +255,7 @@ class ChunkScheduler(DataParallelStrategy):
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
         # round 1 is split equally: about one batch per executor, not 512 images on a one-core group
-        return {"w": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) else {}
+        return {"w": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) or cpu_groups_only(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         total = min(params["w"], state.remaining)
@@ -263,7 +275,7 @@ class HatScheduler(DataParallelStrategy):
     }
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        return {"s": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) else {}
+        return {"s": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) or cpu_groups_only(spec) else {}
 
     def begin(self, state: SchedState, params: dict[str, Any]) -> None:
         state.memo["chunk"] = params["s"]
@@ -291,7 +303,9 @@ class FifoScheduler(DataParallelStrategy):
     params = {"c": IntParam("c", 128, low=1, high=1000000, help="chunk size"), "unit": UNIT}
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        return {"unit": "batches", "c": 4} if mixed_speeds(spec) else {}
+        if mixed_speeds(spec):
+            return {"unit": "batches", "c": 4}
+        return {"unit": "batches", "c": 1} if cpu_groups_only(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         return [(i, state.fixed_size(i, params["c"], params["unit"])) for i in idle]
@@ -312,7 +326,9 @@ class FastSplitScheduler(DataParallelStrategy):
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
         # H100 box (BENCHMARKS 2a): w_s=2 batches, r=0.8, threshold=1 reached 0.990-0.994 of the limit; a
         # threshold of 100 images hands a CPU group up to ~10 s of vgg16 at the end
-        return {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1} if mixed_speeds(spec) else {}
+        if mixed_speeds(spec):
+            return {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1}
+        return {"unit": "batches", "w_s": 1, "threshold": 1} if cpu_groups_only(spec) else {}
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         probing = any(alive and done == 0 for alive, done in zip(state.alive, state.completed_units,

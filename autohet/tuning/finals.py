@@ -9,6 +9,11 @@ same trial path, one after another, for ``rounds`` rounds, in the time the searc
 ``FINAL_SHARE`` of the trial budget is kept for them); the one with the best median exports. A finalist
 whose final run is not ok (wrong outputs, cut, refused, an error) is out: it did not repeat.
 
+Where the search left time over, each final run measures up to ``FINAL_MOST_SCALE`` times its trial's
+images (``final_scale``): a 3-s trial splits a 2-core box's 128 images into four batches per 1-core
+group, and its figure moved by 10% from run to run (BENCHMARKS 29), while the search of a 30-trial
+resnet18 tune there ended 400 s before its budget.
+
 Pure decisions (``pick_finalists``, ``final_choice``) are separate from running them (``run_finals``,
 which takes the trial runner as a function) so tests drive them with fakes.
 """
@@ -24,11 +29,14 @@ from typing import Any
 
 from autohet.objectives import Objective
 
-__all__ = ["FINAL_SHARE", "Finalist", "final_choice", "finalists_of", "finals_table", "log_finals", "pick_finalists",
-           "run_finals", "trial_runner"]
+__all__ = ["FINAL_MOST_SCALE", "FINAL_SHARE", "Finalist", "final_choice", "final_scale", "finalists_of",
+           "finals_table", "log_finals", "pick_finalists", "run_finals", "trial_runner"]
 
 # The share of the trial budget kept for the finals; they also get whatever the search left unused.
 FINAL_SHARE = 0.1
+# A final run measures at most this many times its trial's images, in at most half the time left.
+FINAL_MOST_SCALE = 4.0
+_FINAL_FILL = 0.5
 
 
 @dataclass
@@ -67,6 +75,16 @@ def pick_finalists(trials: list[Finalist], primary: Objective, count: int, margi
         if len(chosen) == count:
             break
     return chosen if len(chosen) >= 2 else []
+
+
+def final_scale(finalists: list[Finalist], rounds: int, time_left: float, most: float = FINAL_MOST_SCALE) -> float:
+    """How many times its trial's images each final run measures: the finals' planned runs (``rounds``
+    of each finalist, each its trial's seconds) stretched to fill half of ``time_left``, from 1 (as the
+    trials) to ``most``."""
+    planned = rounds * sum(max(f.trial_s, 0.0) for f in finalists)
+    if planned <= 0 or time_left <= 0:
+        return 1.0
+    return max(1.0, min(most, _FINAL_FILL * time_left / planned))
 
 
 def run_finals(finalists: list[Finalist], run: Callable[[dict[str, Any]], dict[str, Any]], primary: Objective,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -105,6 +105,13 @@ class TrialSetup:
     @property
     def objectives(self) -> ObjectiveSet:
         return ObjectiveSet.parse(self.objective)
+
+    def longer(self, factor: float) -> TrialSetup:
+        """This setup with throughput runs ``factor`` times as long (the finals' runs); unchanged where
+        trials are not sized by speed."""
+        if self.sizing is None or factor <= 1:
+            return self
+        return replace(self, sizing=replace(self.sizing, target_s=self.sizing.target_s * factor))
 
 
 def trial_metrics(m: Measurement) -> dict[str, Any]:

@@ -453,6 +453,7 @@ def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: _Record, pro
     from autohet.tracking import trial_runs
     from autohet.tuning.finals import (
         final_choice,
+        final_scale,
         finalists_of,
         finals_table,
         log_finals,
@@ -467,14 +468,17 @@ def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: _Record, pro
                                float(settings.final_within))
     if not finalists:
         return
-    rounds = run_finals(finalists, trial_runner(setup, progress.add_final), primary, int(settings.final_rounds),
-                        end)
+    scale = final_scale(finalists, int(settings.final_rounds), end - time.monotonic()) if setup.sizing else 1.0
+    for f in finalists:
+        f.trial_s *= scale  # what a final run is expected to take
+    rounds = run_finals(finalists, trial_runner(setup.longer(scale), progress.add_final), primary,
+                        int(settings.final_rounds), end)
     winner = final_choice(finalists, primary)
     log_finals(record.client, record.parent_id, finalists, winner, primary)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     head = (f"{rounds} round(s) by turns" if rounds else "no round finished within the time budget: the best trial "
-            "is exported")
+            "is exported") + (f", each run {scale:.2g}x its trial's length" if scale > 1 else "")
     within = 100 * float(settings.final_within)
     print(f"autohet: finals ({len(finalists)} configurations within {within:.0f}% of the best trial, "
           f"{head}):\n{finals_table(finalists, primary, winner)}", file=sys.stderr, flush=True)
