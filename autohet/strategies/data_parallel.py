@@ -50,8 +50,8 @@ def cpu_groups_only(spec: PoolSpec) -> bool:
     core of the 2-core box: 0.8 s of resnet18, 3 s of vgg16), so a unit of one batch costs little in
     dispatch and caps the tail at one batch, where the seed's 64-128-image units are 4-8 batches: in a
     tune's 128-image trial over two 1-core groups, fifo's 128 went to one group alone (0.45 of the
-    limit), and the tune exported quick. fifo at one batch ran 1.02-1.09x ONNX Runtime's own two
-    threads on resnet18 (BENCHMARKS 29)."""
+    limit), and the tune exported quick. Over the same groups, fifo at one batch ran 0.90-1.11x ONNX
+    Runtime's own two threads on resnet18, median 1.02 in nine rounds by turns (BENCHMARKS 29)."""
     return bool(spec.executors) and all(e.is_cpu for e in spec.executors)
 
 

@@ -10,9 +10,9 @@ same trial path, one after another, for ``rounds`` rounds, in the time the searc
 whose final run is not ok (wrong outputs, cut, refused, an error) is out: it did not repeat.
 
 Where the search left time over, each final run measures up to ``FINAL_MOST_SCALE`` times its trial's
-images (``final_scale``): a 3-s trial splits a 2-core box's 128 images into four batches per 1-core
-group, and its figure moved by 10% from run to run (BENCHMARKS 29), while the search of a 30-trial
-resnet18 tune there ended 400 s before its budget.
+images (``final_scale``): on the 2-core box a 3-s resnet18 trial gives each 1-core group four batches,
+and the data-parallel trials over those groups read 30-39 img/s in one tune, while its 30 trials
+ended more than 350 s before the budget (BENCHMARKS 29).
 
 Pure decisions (``pick_finalists``, ``final_choice``) are separate from running them (``run_finals``,
 which takes the trial runner as a function) so tests drive them with fakes.
