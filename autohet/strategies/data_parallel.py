@@ -55,6 +55,14 @@ def cpu_groups_only(spec: PoolSpec) -> bool:
     return bool(spec.executors) and all(e.is_cpu for e in spec.executors)
 
 
+def pool_suited(spec: PoolSpec, mixed: dict[str, Any], cpu_only: dict[str, Any]) -> dict[str, Any]:
+    """A scheduler's suggested defaults: ``mixed`` where GPUs and CPU groups mix (``mixed_speeds``),
+    ``cpu_only`` where every executor is a CPU group (``cpu_groups_only``), else none (the seed's)."""
+    if mixed_speeds(spec):
+        return mixed
+    return cpu_only if cpu_groups_only(spec) else {}
+
+
 class DataParallelStrategy(Strategy):
     """Base of the family: ``assign`` sizes work for idle executors; ``barrier`` waits for all."""
 
@@ -235,9 +243,7 @@ class QuickScheduler(DataParallelStrategy):
     params = {"p": IntParam("p", 64, low=1, high=100000, help="probe size per executor"), "unit": UNIT}
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        if mixed_speeds(spec):
-            return {"unit": "batches", "p": 2}
-        return {"unit": "batches", "p": 1} if cpu_groups_only(spec) else {}
+        return pool_suited(spec, {"unit": "batches", "p": 2}, {"unit": "batches", "p": 1})
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         if state.round_index == 1:
@@ -255,7 +261,8 @@ class ChunkScheduler(DataParallelStrategy):
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
         # round 1 is split equally: about one batch per executor, not 512 images on a one-core group
-        return {"w": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) or cpu_groups_only(spec) else {}
+        one_each = {"w": sum(e.batch for e in spec.executors)}
+        return pool_suited(spec, one_each, one_each)
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         total = min(params["w"], state.remaining)
@@ -275,7 +282,8 @@ class HatScheduler(DataParallelStrategy):
     }
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        return {"s": sum(e.batch for e in spec.executors)} if mixed_speeds(spec) or cpu_groups_only(spec) else {}
+        one_each = {"s": sum(e.batch for e in spec.executors)}
+        return pool_suited(spec, one_each, one_each)
 
     def begin(self, state: SchedState, params: dict[str, Any]) -> None:
         state.memo["chunk"] = params["s"]
@@ -303,9 +311,7 @@ class FifoScheduler(DataParallelStrategy):
     params = {"c": IntParam("c", 128, low=1, high=1000000, help="chunk size"), "unit": UNIT}
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        if mixed_speeds(spec):
-            return {"unit": "batches", "c": 4}
-        return {"unit": "batches", "c": 1} if cpu_groups_only(spec) else {}
+        return pool_suited(spec, {"unit": "batches", "c": 4}, {"unit": "batches", "c": 1})
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         return [(i, state.fixed_size(i, params["c"], params["unit"])) for i in idle]
@@ -326,9 +332,8 @@ class FastSplitScheduler(DataParallelStrategy):
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
         # H100 box (BENCHMARKS 2a): w_s=2 batches, r=0.8, threshold=1 reached 0.990-0.994 of the limit; a
         # threshold of 100 images hands a CPU group up to ~10 s of vgg16 at the end
-        if mixed_speeds(spec):
-            return {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1}
-        return {"unit": "batches", "w_s": 1, "threshold": 1} if cpu_groups_only(spec) else {}
+        return pool_suited(spec, {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1},
+                           {"unit": "batches", "w_s": 1, "threshold": 1})
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         probing = any(alive and done == 0 for alive, done in zip(state.alive, state.completed_units,
