@@ -130,6 +130,13 @@ class Objective:
         """Whether ``a`` beats ``b``."""
         return a > b if self.direction == "max" else a < b
 
+    def share_of(self, value: float, best: float) -> float:
+        """How close ``value`` comes to ``best``: 1.0 at it, 0.5 at half the throughput or twice the
+        latency."""
+        if value <= 0 or best <= 0:
+            return 0.0
+        return value / best if self.direction == "max" else best / value
+
     def rank(self, value: float) -> float:
         """A sort key that puts the best value first (ascending)."""
         return -value if self.direction == "max" else value

@@ -102,6 +102,13 @@ def test_the_cpu_singles_of_an_auto_pool_run_one_group_of_every_core(monkeypatch
     first = staged_points(space, load_pool("actors/auto.yaml"))
     assert all(p["pool.cpu_group_size"] == "all" and p["single.executor"] == 0 for p in first.singles)
     assert all(p["pool.cpu_group_size"] == 1 for p in first.strategies)  # the pool's own groups, to split over
+    # the split probe: fifo over those groups, as stage two runs it (filled per close variant later)
+    fifo = next(p for p in first.strategies if p["strategy"] == "fifo")
+    assert first.probes == [fifo] and first.later()[0].per_close_cpu  # then the strategies, then the batches
+    assert first.later()[2].points == first.batches
+    assert staged_points(space, load_pool("actors/auto.yaml"), mode="latency").probes == []
+    # an explicit pool's singles ran on a group of the size the strategies split over: nothing to probe
+    assert staged_points(space, load_pool("actors/cpu2.yaml")).probes == []
 
 
 def test_stage_two_runs_each_kind_at_its_best_singles_settings():
@@ -173,6 +180,78 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
     assert (other["pool.cpu_group_size"], other["exec.cpu.backend"], other["exec.cpu.batch"]) == (
         1, "onnxruntime", 16)
     assert search.best["cpu"][0] == 48.0
+
+
+def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups():
+    """Variants whose whole-group single came within CLOSE_TO_BEST of the best each run the probe point
+    (at its own batch); the best probe's settings, its batch included, go to the strategies on the probes'
+    groups, the best single's to those on the singles' group; the strategies' point that is the winning
+    probe is not run again."""
+    from autohet.objectives import ObjectiveSet, TrialKey
+    from autohet.tuning.initial import CLOSE_TO_BEST, Stage
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo", "chunk"], "throughput")
+    pool = load_pool("actors/cpu2.yaml")
+    ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
+    base = {"strategy": "single", "single.executor": 0, "exec.cpu.batch": 64, "exec.cpu.precision": "fp32",
+            "exec.cpu.channels_last": False, "exec.cpu.streams": 0, "pool.cpu_group_size": 2,
+            "pool.gpu_partitions": 1}
+    figures = {"onnxruntime": 4.83, "onnxruntime_nnpack": 4.81, "openvino": 4.83 * CLOSE_TO_BEST - 0.01,
+               "eager": 2.3}
+    first = [{**base, "exec.cpu.backend": b} for b in figures]
+    fifo = {"strategy": "fifo", "fifo.c": 1, "fifo.unit": "batches", "exec.cpu.backend": "eager",
+            "exec.cpu.batch": 16, "pool.cpu_group_size": 1, "pool.gpu_partitions": 1}
+    chunk = {"strategy": "chunk", "chunk.w": 32, "chunk.unit": "images", "exec.cpu.backend": "eager",
+             "exec.cpu.batch": 16, "pool.gpu_partitions": 1}
+    later = [Stage([fifo], per_close_cpu=True),
+             Stage([fifo, {**chunk, "pool.cpu_group_size": 1}, {**chunk, "pool.cpu_group_size": 2}])]
+    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=first,
+                          later=later, kind_of=SingleKind(pool), objectives=ObjectiveSet.parse("throughput"),
+                          seed=0)
+    for n in range(len(first)):
+        config = search.suggest(f"s{n}")
+        search.on_trial_complete(f"s{n}", {"status": "ok", "objective_value": figures[config["exec.cpu.backend"]]})
+    probes = [search.suggest(f"p{n}") for n in range(2)]
+    assert search.suggest("early") is None  # the strategies wait for the probes
+    assert [(p["strategy"], p["exec.cpu.backend"], p["exec.cpu.batch"]) for p in probes] == [
+        ("fifo", "onnxruntime", 16), ("fifo", "onnxruntime_nnpack", 16)]  # the best first; openvino not close
+    for n, probe in enumerate(probes):
+        search.on_trial_complete(f"p{n}", {"status": "ok", "objective_value": {
+            "onnxruntime": 5.0, "onnxruntime_nnpack": 6.3}[probe["exec.cpu.backend"]]})
+    assert search.best["cpu"][0] == 4.83  # a probe is no single
+    split, whole = search.suggest("t0"), search.suggest("t1")
+    assert (split["strategy"], split["pool.cpu_group_size"], split["exec.cpu.backend"], split["exec.cpu.batch"]) == (
+        "chunk", 1, "onnxruntime_nnpack", 16)
+    assert (whole["strategy"], whole["pool.cpu_group_size"], whole["exec.cpu.backend"], whole["exec.cpu.batch"]) == (
+        "chunk", 2, "onnxruntime", 64)
+    search.on_trial_complete("t0", {"status": "ok", "objective_value": 6.0, TrialKey.ACQUIRE: 1e6})
+    search.on_trial_complete("t1", {"status": "ok", "objective_value": 4.0})
+    assert [f for f, _, _ in search.split_probes] == [5.0, 6.3]  # a strategy's trial is no probe
+    # past the acquire cap, a sampled point keeps the best trial's groups (the nnpack probe's), at the
+    # settings measured on them
+    kept = search.suggest("k0")
+    assert (kept["pool.cpu_group_size"], kept["exec.cpu.backend"], kept["exec.cpu.batch"]) == (
+        1, "onnxruntime_nnpack", 16)
+
+
+def test_the_split_winner_keeps_a_refinement_its_probe_could_not_tell_apart():
+    """The best probe, unless a probe of a backend that refines it (CPU_REFINES) at the same other
+    settings came within CLOSE_TO_BEST of it; a refinement at other settings, or further off, loses."""
+    from autohet.executors.cpu_backends import CPU_REFINES
+    from autohet.objectives import THROUGHPUT
+    from autohet.tuning.initial import CLOSE_TO_BEST, split_winner
+
+    assert CPU_REFINES["onnxruntime_nnpack"] == "onnxruntime"
+    ort = {"exec.cpu.backend": "onnxruntime", "exec.cpu.batch": 16, "exec.cpu.precision": "fp32"}
+    nnpack = {**ort, "exec.cpu.backend": "onnxruntime_nnpack"}
+    openvino = {**ort, "exec.cpu.backend": "openvino"}
+    assert split_winner([(4.356, ort), (4.233, nnpack)], THROUGHPUT) == nnpack  # the README job's probes
+    assert split_winner([(4.4, ort), (4.4 * CLOSE_TO_BEST - 0.01, nnpack)], THROUGHPUT) == ort
+    assert split_winner([(4.4, ort), (4.3, {**nnpack, "exec.cpu.batch": 64})], THROUGHPUT) == ort
+    assert split_winner([(4.4, nnpack), (4.3, ort)], THROUGHPUT) == nnpack
+    assert split_winner([(4.4, ort), (4.39, openvino)], THROUGHPUT) == ort  # no refinement: the best
 
 
 def cpu2_fifo_search(monkeypatch, clock: list[float]):

@@ -4,9 +4,11 @@ Stage one is ``single`` on each kind of executor: a GPU at each of its backends,
 a CPU group (one group of every core, where the pool is auto-detected) at each CPU backend and
 precision, the fastest known first. Its best figure is the one every mixed configuration must beat,
 so the result is never below the best single executor measured. Then the CPU group's best variant at
-each other batch choice (``batches``), and stage two: every strategy at the defaults that suit the
-pool, with each executor kind at the settings of its best single so far (``StagedSearch`` fills them
-in once the stage before has run: ``with_best``).
+each other batch choice (``batches``); on a CPU-only auto pool, the split probes (``probes``): one
+data-parallel strategy over the smaller groups the strategies run on, once per CPU variant whose single
+came close to the best; and stage two: every strategy at the defaults that suit the pool, with each
+executor kind at the settings of its best single so far, or of the best probe on the probes' groups
+(``StagedSearch`` fills them in once the stage before has run: ``Stage.filled``).
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from autohet.objectives import RunMode
+from autohet.objectives import Objective, RunMode
 from autohet.pool import PoolSpec
 from autohet.pool.spec import GPU_BOX_GROUP
 from autohet.strategies import get_strategy
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.space import SearchSpace
 
-__all__ = ["CPU_VARIANTS", "CpuVariant", "FirstPoints", "Stage", "initial_points", "staged_points", "with_best"]
+__all__ = ["CLOSE_TO_BEST", "CPU_VARIANTS", "PROBES_MOST", "CpuVariant", "FirstPoints", "Known", "Stage",
+           "initial_points", "split_winner", "staged_points", "with_best"]
 
 # the compiled backends first, for both objectives: inductor, then CUDA graphs. At batch 1 inductor
 # is compiled and then captured, and beat the plain CUDA graph on the H100 box (0.22 vs 0.39 ms
@@ -56,39 +59,106 @@ CPU_VARIANTS: tuple[CpuVariant, ...] = (
 )
 
 
+# The split probes: a CPU variant whose single on the whole group came within CLOSE_TO_BEST of the
+# best is run once more over the smaller groups the strategies split over, the best PROBES_MOST of them.
+# Two: each probe over new groups builds anew (vgg16's NNPACK layers timed on 1-core groups: 84 s).
+# A 2-core single could not tell vgg16's `onnxruntime_nnpack` from `onnxruntime` (4.810 against 4.829,
+# 4.856 against 5.109 in two README-job tunes; the box's trials move by 10-20%), but over two 1-core
+# groups, where the strategies run, it ran 6.11-6.53 img/s against 5.00-5.27 (`autohet run` fifo, by
+# turns, BENCHMARKS 30); carried from a 2-core single that lost by noise, the strategies ran the slower one.
+CLOSE_TO_BEST = 0.85
+PROBES_MOST = 2
+# fifo hands each group its next batch as it frees (one batch a unit on CPU-only pools): its figure is
+# the groups' own speeds summed, less at most one batch of tail, with no probing rounds of its own
+_PROBE_STRATEGY = "fifo"
+
+
+def split_winner(probes: list[tuple[float, dict[str, Any]]], objective: Objective) -> dict[str, Any]:
+    """The split probes' ``exec.cpu.*`` values to carry (``probes``: each probe's figure and values): the
+    best, or a probe that refines its backend (``CPU_REFINES``) at otherwise the same settings and came
+    within CLOSE_TO_BEST of it. In a README-job tune on the 2-core box, vgg16's probes over two 1-core
+    groups read `onnxruntime_nnpack` 4.233 against `onnxruntime`'s 4.356 img/s (64 images each, 0.66
+    and 0.81 of their standalone speeds), where `autohet run` gave 6.11-6.53 against 5.00-5.27 by turns
+    (BENCHMARKS 30)."""
+    from autohet.executors.cpu_backends import CPU_REFINES
+
+    figure, best = min(probes, key=lambda probe: objective.rank(probe[0]))
+    for other_figure, other in probes:
+        backend = other.get("exec.cpu.backend")
+        same = {k: v for k, v in other.items() if k != "exec.cpu.backend"} == {
+            k: v for k, v in best.items() if k != "exec.cpu.backend"}
+        if same and CPU_REFINES.get(backend) == best.get("exec.cpu.backend") and objective.share_of(
+                other_figure, figure) >= CLOSE_TO_BEST:
+            return other
+    return best
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the stages so far measured, which a later stage's points are filled from. ``best``: kind ->
+    its best single's ``exec.<kind>.*`` values; ``cpu_group``: the ``pool.cpu_group_size`` the best CPU
+    single ran at; ``close_cpu``: the ``exec.cpu.*`` values but the batch of each CPU variant whose single
+    came close to the best (the best first); ``cpu_split``: the group size the split probes ran on and
+    the best probe's ``exec.cpu.*`` values."""
+
+    best: dict[str, dict[str, Any]] = field(default_factory=dict)
+    cpu_group: Any = None
+    close_cpu: tuple[dict[str, Any], ...] = ()
+    cpu_split: tuple[Any, dict[str, Any]] | None = None
+
+
 class Stage(NamedTuple):
     """Points that go in once the stage before has run, each at the best singles' settings so far,
-    except for its own values of ``keep``."""
+    except for its own values of ``keep``; with ``per_close_cpu``, each point once per close CPU
+    variant (``Known.close_cpu``) instead of the best's."""
 
     points: list[dict[str, Any]]
     keep: frozenset[str] = frozenset()
+    per_close_cpu: bool = False
 
-    def filled(self, best: dict[str, dict[str, Any]], cpu_group: Any = None) -> list[dict[str, Any]]:
-        """``cpu_group``: the ``pool.cpu_group_size`` the best CPU single ran at. A point on groups of
-        another size keeps its own CPU batch: in a README-job tune on the 2-core box, ONNX Runtime at
-        batch 64 (which a 2-core group's single had won by 0.7%) made a vgg16 ``static`` trial over two
-        1-core groups take 106 s at 3.7 img/s; at their own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28)."""
-        return [with_best(point, best, self.keep | (
-            {"exec.cpu.batch"} if point.get("pool.cpu_group_size") != cpu_group else set()))
-            for point in self.points]
+    def filled(self, known: Known) -> list[dict[str, Any]]:
+        """A point on groups of another size than the best CPU single's keeps its own CPU batch: in a
+        README-job tune on the 2-core box, ONNX Runtime at batch 64 (which a 2-core group's single had won
+        by 0.7%) made a vgg16 ``static`` trial over two 1-core groups take 106 s at 3.7 img/s; at their
+        own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28). On the split probes' groups it takes the best
+        probe's settings, its batch included: they were measured there."""
+        if self.per_close_cpu:
+            return [{**with_best(point, known.best, self.keep | {"exec.cpu.batch"}), **variant}
+                    for point in self.points for variant in known.close_cpu]
+        out = []
+        for point in self.points:
+            group = point.get("pool.cpu_group_size")
+            if known.cpu_split is not None and group == known.cpu_split[0]:
+                out.append(with_best(point, {**known.best, "cpu": known.cpu_split[1]}, self.keep))
+            else:
+                out.append(with_best(point, known.best, self.keep | (
+                    {"exec.cpu.batch"} if group != known.cpu_group else set())))
+        return out
 
 
 @dataclass
 class FirstPoints:
     """Stage one (singles, run first), the CPU group's best variant at the other batch choices
-    (``batches``), then stage two (strategies); each stage after the first gets the best singles'
-    settings."""
+    (``batches``), the split probes (``probes``), then stage two (strategies); each stage after the
+    first is filled from what the ones before it measured."""
 
     singles: list[dict[str, Any]]
     strategies: list[dict[str, Any]]
     batches: list[dict[str, Any]] = field(default_factory=list)
+    probes: list[dict[str, Any]] = field(default_factory=list)
 
     def later(self) -> list[Stage]:
-        """The stages after the first, in order (``StagedSearch``)."""
-        return [Stage(self.batches, frozenset({"exec.cpu.batch"})), Stage(self.strategies)]
+        """The stages after the first, in order (``StagedSearch``). With split probes the strategies take
+        the probes' settings, so the whole group's other batches feed only its ``single`` and go last: in
+        a README-job tune on the 2-core box, vgg16's batch stage took 170 s (NNPACK's layers timed at batch
+        64, then 4) of the 585 s, for 5.22 img/s at 64 against 5.25 at 16 (BENCHMARKS 30)."""
+        batches = Stage(self.batches, frozenset({"exec.cpu.batch"}))
+        if self.probes:
+            return [Stage(self.probes, per_close_cpu=True), Stage(self.strategies), batches]
+        return [batches, Stage(self.strategies)]
 
     def all(self) -> list[dict[str, Any]]:
-        return self.singles + self.batches + self.strategies
+        return self.singles + self.batches + self.probes + self.strategies
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
@@ -176,6 +246,22 @@ def _cpu_batches(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     return [{**base, "exec.cpu.batch": v} for v in values]
 
 
+def _split_probes(space: SearchSpace, pool: PoolSpec, strategies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The split probes' point (``_PROBE_STRATEGY``'s stage-two point), where the CPU singles ran on one
+    group of every core and the strategies split over smaller groups of a CPU-only pool; else none."""
+    found = _cpu_group(space, pool)
+    probe = next((p for p in strategies if p["strategy"] == _PROBE_STRATEGY), None)
+    if found is None or not found[1] or probe is None:
+        return []
+    from autohet.tuning.manager import regroup
+
+    split = regroup(pool, {k.removeprefix("pool."): v for k, v in probe.items() if k.startswith("pool.")})
+    if probe.get("pool.cpu_group_size") == found[1]["pool.cpu_group_size"] or len(split.executors) < 2 or not all(
+            e.is_cpu for e in split.executors):
+        return []
+    return [dict(probe)]
+
+
 def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: str) -> list[dict[str, Any]]:
     """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
     first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
@@ -225,7 +311,8 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         point.update({f"{name}.{p}": values[p] for p, dim in dims.items()
                       if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
         strategies.append(point)
-    return FirstPoints(singles, strategies, batches)
+    probes = [] if RunMode(mode).per_request else _split_probes(space, pool, strategies)
+    return FirstPoints(singles, strategies, batches, probes)
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,

@@ -1,10 +1,10 @@
 """OptunaSearch with the tune's staged first points (``autohet.tuning.initial``).
 
 Stage one's singles are enqueued at once, as Optuna's first points always were. Each later stage
-(the CPU group's other batches, then the strategies) waits until every point before it has
-reported, then goes in with each executor kind at its best single's settings so far: a data-parallel
-trial on CPU groups runs OpenVINO bf16 where the singles found it fastest, not the pool file's eager
-fp32. After every stage, once acquiring executors has
+(the CPU group's other batches, the split probes, then the strategies) waits until every point before
+it has reported, then goes in with each executor kind at its best single's settings so far: a
+data-parallel trial on CPU groups runs OpenVINO bf16 where the singles found it fastest, not the pool
+file's eager fp32; on the split probes' groups, the best probe's. After every stage, once acquiring executors has
 taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, or one more acquiring as long as the
 longest so far would take it past that share of the tune's expected length (``expect``), each
 sampled point keeps the pool dims of the best trial so far (its actors are alive) and each executor
@@ -22,7 +22,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
-from autohet.tuning.initial import Stage
+from autohet.tuning.initial import CLOSE_TO_BEST, PROBES_MOST, Known, Stage, split_winner
 
 __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 
@@ -53,6 +53,12 @@ class StagedSearch(OptunaSearch):
         self._finished = 0
         self.best: dict[str, tuple[float, dict[str, Any]]] = {}  # kind -> (figure, its exec.<kind>.* values)
         self.best_cpu_group: Any = None  # the pool.cpu_group_size the best CPU single ran at
+        self.cpu_variants: dict[tuple[tuple[str, Any], ...], float] = {}  # a CPU single's exec.cpu.* but
+        # the batch -> its best figure
+        self.split_probes: list[tuple[float, Any, dict[str, Any]]] = []  # each ok split probe: its figure,
+        # pool.cpu_group_size and exec.cpu.* values
+        self._stage: Stage | None = None  # the later stage whose points are being suggested
+        self._probes: set[str] = set()  # the trials of a split-probe stage
         self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
         self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
         self.longest_acquire_s = 0.0  # the longest one trial spent acquiring
@@ -88,29 +94,56 @@ class StagedSearch(OptunaSearch):
             self.started = time.time()
         if self._later and len(self._configs) >= self._enqueued and self._finished < self._enqueued:
             return None  # Tune asks again: the stage before is still reporting, and the next one needs it
-        if self._later and self._finished >= self._enqueued:
-            best = {kind: values for kind, (_, values) in self.best.items()}
-            points = self._later.pop(0).filled(best, self.best_cpu_group)
+        while self._later and self._finished >= self._enqueued:  # a stage may fill to no point: the next
+            self._stage = self._later.pop(0)
+            points = [p for p in self._stage.filled(self.known()) if not self._ran(p)]
             for point in points:
                 self._ot_study.enqueue_trial(point)
             self._enqueued += len(points)
-        elif not self._later and self._finished >= self._enqueued:
+        if not self._later and self._finished >= self._enqueued:
             self._keep_topology()
         config = super().suggest(trial_id)
         if config is not None:
             self._configs[trial_id] = config
+            if self._stage is not None and self._stage.per_close_cpu and len(self._configs) <= self._enqueued:
+                self._probes.add(trial_id)
         return config
+
+    def _ran(self, point: dict[str, Any]) -> bool:
+        """Whether an earlier trial ran ``point`` (its every value): the strategies' fifo point at the
+        best split probe's settings is that probe."""
+        return any(all(config.get(k) == v for k, v in point.items()) for config in self._configs.values())
+
+    def known(self) -> Known:
+        """What the trials so far measured, for the next stage's points (``Stage.filled``)."""
+        close: list[dict[str, Any]] = []
+        if self.cpu_variants and self._objectives is not None:
+            primary = self._objectives.primary
+            ranked = sorted(self.cpu_variants.items(), key=lambda item: primary.rank(item[1]))
+            top = ranked[0][1]
+            close = [dict(variant) for variant, figure in ranked
+                     if primary.share_of(figure, top) >= CLOSE_TO_BEST][:PROBES_MOST]
+        split = None
+        if self.split_probes and self._objectives is not None:
+            group = self.split_probes[0][1]
+            split = (group, split_winner([(f, values) for f, _, values in self.split_probes], self._objectives.primary))
+        return Known({kind: values for kind, (_, values) in self.best.items()}, self.best_cpu_group,
+                     tuple(close), split)
 
     def _keep_topology(self) -> None:
         """Over the acquire cap (``over_acquire_cap``), the next sampled point is asked with the best
-        trial's pool dims and each kind's best single settings fixed (an enqueued partial point:
-        Optuna samples the rest); stage two's own points go first."""
+        trial's pool dims and each kind's best single settings fixed (on the split probes' groups, the
+        best probe's), an enqueued partial point: Optuna samples the rest; stage two's own points go first."""
         import optuna
 
         if self.best_pool is None or not self.over_acquire_cap():
             return
         fixed = dict(self.best_pool[1])
-        for _, values in self.best.values():
+        known = self.known()
+        best = dict(known.best)
+        if known.cpu_split is not None and fixed.get("pool.cpu_group_size") == known.cpu_split[0]:
+            best["cpu"] = known.cpu_split[1]  # what was measured on these groups, not on the whole group
+        for values in best.values():
             fixed.update(values)
         if not fixed or self._ot_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             return
@@ -123,20 +156,26 @@ class StagedSearch(OptunaSearch):
         acquired = float((result or {}).get(TrialKey.ACQUIRE) or 0.0)
         self.acquire_s += acquired
         self.longest_acquire_s = max(self.longest_acquire_s, acquired)
-        if not result or result.get("status") != "ok":
+        value = (result or {}).get(PRIMARY_METRIC)
+        if not result or result.get("status") != "ok" or value is None or self._objectives is None:
             return
-        value = result.get(PRIMARY_METRIC)
-        if value is not None and self._objectives is not None and (
-                self.best_pool is None or self._objectives.primary.better(float(value), self.best_pool[0])):
-            self.best_pool = (float(value), {k: v for k, v in config.items() if k.startswith("pool.")})
-        if config.get("strategy") != "single":
+        value, better = float(value), self._objectives.primary.better
+        if self.best_pool is None or better(value, self.best_pool[0]):
+            self.best_pool = (value, {k: v for k, v in config.items() if k.startswith("pool.")})
+        cpu = {k: v for k, v in config.items() if k.startswith("exec.cpu.")}
+        if trial_id in self._probes:
+            self.split_probes.append((value, config.get("pool.cpu_group_size"), cpu))
             return
-        kind = self._kind_of(config) if self._kind_of is not None else None
-        if kind is None or value is None or self._objectives is None:
+        kind = self._kind_of(config) if self._kind_of is not None and config.get("strategy") == "single" else None
+        if kind is None:
             return
+        if kind == "cpu":
+            variant = tuple(sorted((k, v) for k, v in cpu.items() if k != "exec.cpu.batch"))
+            if variant not in self.cpu_variants or better(value, self.cpu_variants[variant]):
+                self.cpu_variants[variant] = value
         known = self.best.get(kind)
-        if known is None or self._objectives.primary.better(float(value), known[0]):
-            self.best[kind] = (float(value), {k: v for k, v in config.items() if k.startswith(f"exec.{kind}.")})
+        if known is None or better(value, known[0]):
+            self.best[kind] = (value, {k: v for k, v in config.items() if k.startswith(f"exec.{kind}.")})
             if kind == "cpu":
                 self.best_cpu_group = config.get("pool.cpu_group_size")
 

@@ -15,9 +15,9 @@ import importlib
 
 from autohet.errors import unknown_name
 from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
-from autohet.executors.cpu_backends._registry import CPU_BACKENDS
+from autohet.executors.cpu_backends._registry import CPU_BACKENDS, CPU_REFINES
 
-__all__ = ["CPU_BACKENDS", "CpuBackend", "CpuProgram", "ModelSource", "cpu_backend"]
+__all__ = ["CPU_BACKENDS", "CPU_REFINES", "CpuBackend", "CpuProgram", "ModelSource", "cpu_backend"]
 
 
 _LOADED: dict[str, CpuBackend] = {}
