@@ -7,7 +7,7 @@ so the result is never below the best single executor measured. Then the CPU gro
 each other batch choice (``batches``); on a CPU-only auto pool, the split probes (``probes``): one
 data-parallel strategy over the smaller groups the strategies run on, once per CPU variant whose single
 came close to the best; and stage two: every strategy at the defaults that suit the pool, with each
-executor kind at the settings of its best single so far, or of the best probe on the probes' groups
+executor kind at the settings of its best single so far, or of the winning probe on the probes' groups
 (``StagedSearch`` fills them in once the stage before has run: ``Stage.filled``).
 """
 
@@ -99,7 +99,7 @@ class Known:
     its best single's ``exec.<kind>.*`` values; ``cpu_group``: the ``pool.cpu_group_size`` the best CPU
     single ran at; ``close_cpu``: the ``exec.cpu.*`` values but the batch of each CPU variant whose single
     came close to the best (the best first); ``cpu_split``: the group size the split probes ran on and
-    the best probe's ``exec.cpu.*`` values."""
+    the winning probe's ``exec.cpu.*`` values (``split_winner``)."""
 
     best: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu_group: Any = None
@@ -120,7 +120,7 @@ class Stage(NamedTuple):
         """A point on groups of another size than the best CPU single's keeps its own CPU batch: in a
         README-job tune on the 2-core box, ONNX Runtime at batch 64 (which a 2-core group's single had won
         by 0.7%) made a vgg16 ``static`` trial over two 1-core groups take 106 s at 3.7 img/s; at their
-        own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28). On the split probes' groups it takes the best
+        own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28). On the split probes' groups it takes the winning
         probe's settings, its batch included: they were measured there."""
         if self.per_close_cpu:
             return [{**with_best(point, known.best, self.keep | {"exec.cpu.batch"}), **variant}
@@ -158,7 +158,7 @@ class FirstPoints:
         return [batches, Stage(self.strategies)]
 
     def all(self) -> list[dict[str, Any]]:
-        return self.singles + self.batches + self.probes + self.strategies
+        return self.singles + [point for stage in self.later() for point in stage.points]
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:

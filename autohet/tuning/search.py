@@ -4,7 +4,7 @@ Stage one's singles are enqueued at once, as Optuna's first points always were. 
 (the CPU group's other batches, the split probes, then the strategies) waits until every point before
 it has reported, then goes in with each executor kind at its best single's settings so far: a
 data-parallel trial on CPU groups runs OpenVINO bf16 where the singles found it fastest, not the pool
-file's eager fp32; on the split probes' groups, the best probe's. After every stage, once acquiring executors has
+file's eager fp32; on the split probes' groups, the winning probe's. After every stage, once acquiring executors has
 taken more than ``ACQUIRE_SHARE_CAP`` of the tune's time, or one more acquiring as long as the
 longest so far would take it past that share of the tune's expected length (``expect``), each
 sampled point keeps the pool dims of the best trial so far (its actors are alive) and each executor
@@ -111,7 +111,7 @@ class StagedSearch(OptunaSearch):
 
     def _ran(self, point: dict[str, Any]) -> bool:
         """Whether an earlier trial ran ``point`` (its every value): the strategies' fifo point at the
-        best split probe's settings is that probe."""
+        winning split probe's settings is that probe."""
         return any(all(config.get(k) == v for k, v in point.items()) for config in self._configs.values())
 
     def known(self) -> Known:
@@ -133,7 +133,7 @@ class StagedSearch(OptunaSearch):
     def _keep_topology(self) -> None:
         """Over the acquire cap (``over_acquire_cap``), the next sampled point is asked with the best
         trial's pool dims and each kind's best single settings fixed (on the split probes' groups, the
-        best probe's), an enqueued partial point: Optuna samples the rest; stage two's own points go first."""
+        winning probe's), an enqueued partial point: Optuna samples the rest; stage two's own points go first."""
         import optuna
 
         if self.best_pool is None or not self.over_acquire_cap():
