@@ -267,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                         row["tasks_measured"], row["tasks"] = coverage[block.name]
                         row["tvm"] += f" {row['tasks_measured']}/{row['tasks']}"
                     with torch.no_grad():
-                        row["max_abs_diff"] = _max_diff(tvm_runner(*inputs), torch_runner(*inputs))
+                        want = torch_runner(*inputs)
+                        row["max_abs_diff"] = _max_diff(tvm_runner(*inputs), want)
+                        row["max_abs_ref"] = max(float(y.float().abs().max()) for y in (
+                            want if isinstance(want, tuple | list) else (want,)))
                     t_tvm = time_runner(tvm_runner, inputs, args.runs)
                     row["tvm_ms"] = 1e3 * sum(t_tvm) / len(t_tvm)
                     row["tvm_over_torch"] = row["tvm_ms"] / row["torch_ms"]

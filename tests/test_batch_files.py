@@ -92,6 +92,7 @@ def test_the_npy_output_equals_autohet_load_on_the_same_preprocessed_images(tmp_
     x = np.stack([decode(p, prep) for p in list_images(images)])
     with autohet.load(path) as runner:
         expected = runner(x)
+    # exact: one executor at batch 1 both times, same kernels and threads
     np.testing.assert_array_equal(np.load(out), expected)
     # the same inputs as an .npy file give the same outputs too
     np.save(tmp_path / "inputs.npy", x)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from autohet.cli import main
+from autohet.strategies._driver import RAISE_MARGIN
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def test_done_when_command_through_ray(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["output_ok"] is True and 0 < out["efficiency"] <= 1.5
+    assert out["output_ok"] is True and 0 < out["efficiency"] <= RAISE_MARGIN  # CPU groups: wall-timed
 
 
 def test_profile_reports_every_executor_at_every_batch(capsys):

@@ -55,7 +55,7 @@ def test_the_suite_catches_a_wrong_strategy():
     """The shipped contract fails a strategy whose outputs are wrong (it can fail)."""
     import tests.plugin_broken  # noqa: F401  (registers "broken")
 
-    with pytest.raises(AssertionError):
+    with pytest.raises(AssertionError, match="not processed exactly once"):
         check_simulated_run("broken")
 
 

@@ -17,6 +17,7 @@ from autohet.executors import ExecutorSpec, make_executor, runs_ahead
 from autohet.executors.compiled import check_backend, unsupported
 from autohet.models import ModelSpec, build_model
 from autohet.workload import Workload, WorkloadSpec
+from tests.numerics import assert_within_product_tolerance
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(package) is None,
                                                      reason=f"{package} missing"))
@@ -52,7 +53,8 @@ def test_a_converted_backend_equals_the_model_in_order_with_partial_batches(back
     ex.load(lenet_workload)
     unit = ex.run(10, 75)  # two full batches and a partial one (padded where the shape is fixed)
     assert unit.outputs.shape == (75, 10)
-    np.testing.assert_allclose(unit.outputs, reference(lenet_workload, 10, 75), rtol=1e-4, atol=1e-5)
+    # another library's kernels (its own convolution algorithms and fusions): the output check's tolerance
+    assert_within_product_tolerance(unit.outputs, reference(lenet_workload, 10, 75), "fp32")
     assert ex.describe()["backend"] == backend and ex.compile_s > 0
     assert list(cache.rglob("lenet-*"))  # the converted model is kept for the next executor
 
@@ -102,7 +104,7 @@ def test_a_released_executor_builds_its_program_again_on_the_next_configure(back
     ex.release()
     assert ex.program is None and not ex._programs
     ex.configure({"batch": 32})
-    np.testing.assert_allclose(ex.run(0, 40).outputs, reference(lenet_workload, 0, 40), rtol=1e-4, atol=1e-5)
+    assert_within_product_tolerance(ex.run(0, 40).outputs, reference(lenet_workload, 0, 40), "fp32")
     assert len(ex._programs) == 1
 
 
@@ -188,7 +190,7 @@ def test_openvino_bf16_runs_bf16_where_the_cpu_has_it(cache, lenet_workload):
     ex.load(lenet_workload)
     assert ex.describe()["openvino_precision"] == "bf16"
     ref = reference(lenet_workload, 0, 32)
-    assert np.max(np.abs(ex.run(0, 32).outputs - ref)) < 5e-2 * np.max(np.abs(ref))
+    assert_within_product_tolerance(ex.run(0, 32).outputs, ref, "bf16")
 
 
 def test_openvino_spreads_a_call_evenly_over_its_requests():
@@ -337,9 +339,11 @@ def test_openvino_queues_the_next_call_onto_the_requests_the_current_one_frees()
     a = program.launch(x[:128], 16)
     b = program.launch(x[128:], 16)
     assert len(queue.running) == 3 and len(program.pending) == 13  # 5 of a's 8 pieces and b's 8 wait
+    # exact: the fake computes with this same numpy call
     np.testing.assert_array_equal(program.collect(a), _sums(x[:128]))
     assert [u[0] for _, u in queue.running] == [b, b, b]  # no request idles at the boundary
     assert [off for _, off in queue.started] == [*range(0, 128, 16), 0, 16, 32]
+    # exact: the fake computes with this same numpy call
     np.testing.assert_array_equal(program.collect(b), _sums(x[128:]))
     assert not queue.running and not program.pending
 
@@ -351,8 +355,10 @@ def test_openvino_drops_an_announced_call_that_is_not_asked_for():
     a = program.launch(x[:32], 16)
     b = program.launch(x[32:], 16)
     program.drop(b)
+    # exact: the fake computes with this same numpy call
     np.testing.assert_array_equal(program.collect(a), _sums(x[:32]))
     c = program.launch(x[:16], 16)
+    # exact: the fake computes with this same numpy call
     np.testing.assert_array_equal(program.collect(c), _sums(x[:16]))
     assert [call for call, _ in queue.started] == [id(a), id(a), id(c)]  # none of b's
     assert not program.pending

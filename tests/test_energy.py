@@ -72,7 +72,7 @@ def test_rapl_reads_top_level_packages_across_a_wraparound_and_names_unreadable_
     zone(root, "intel-rapl:1", "package-1", None)
     sources = telemetry.rapl_counters(root)
     assert [c.name for c in sources.counters] == ["cpu_pkg0"]
-    assert sources.counters[0].wrap_j == 1000.0
+    assert sources.counters[0].wrap_j == 1000.0  # exact: Python float arithmetic on the test's own figures
     assert "not readable" in sources.unavailable["energy_cpu_pkg1"]
 
     clock = Clock()
@@ -154,7 +154,7 @@ def test_nvml_counters_and_gauges_through_the_meter(monkeypatch):
     meter.stop()
     figures = meter.result(images=100, run_s=4.0).metrics()
     assert figures["energy_gpu0_j"] == pytest.approx(1000.0) and figures["power_avg_w"] == pytest.approx(250.0)
-    assert figures["power_gpu0_before_w"] == 250.0
+    assert figures["power_gpu0_before_w"] == 250.0  # exact: Python float arithmetic on the test's own figures
     assert figures["temp_gpu0_before_c"] == 60 and figures["temp_gpu0_after_c"] == 64
     assert figures["temp_max_c"] == 64 and figures["temp_gpu1_max_c"] == 64
     assert figures["clock_gpu0_before_sm_mhz"] == 1980 and figures["clock_gpu0_min_sm_mhz"] == 1580
@@ -249,6 +249,7 @@ def test_the_sampling_thread_tracks_the_max_temperature_and_stops():
             assert time.monotonic() < deadline, "the sampling thread took no second sample within 60 s"
             time.sleep(0.001)  # wait for it without holding the GIL in a spin
     assert not meter._thread.is_alive()
+    # exact: Python float arithmetic on the test's own figures
     assert meter.result(0).metrics()["temp_gpu0_max_c"] == 70.0
 
 
@@ -270,15 +271,18 @@ def test_wait_cool_waits_for_the_margin_caps_and_skips_without_sensors():
     readings = iter([90.0, 85.0, 78.0, 74.0, 99.0])
     sources = Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": next(readings)})])
     cooled = wait_cool(sources, below_c=75.0, cap_s=60.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
+    # exact: Python float arithmetic on the test's own figures
     assert (cooled.waited_s, cooled.temp_c, cooled.note) == (3.0, 74.0, None)
 
     clock = Clock()
     hot = Sources(gauges=[Gauge("temp_c", lambda: {"gpu0": 90.0})])
     capped = wait_cool(hot, below_c=75.0, cap_s=5.0, clock=clock, sleep=clock.sleep, poll_s=1.0)
+    # exact: Python float arithmetic on the test's own figures
     assert capped.waited_s == 5.0 and "still 90 C after 5 s" in capped.note
 
     none = wait_cool(Sources(unavailable={"temp_host": "psutil.sensors_temperatures() is empty"}), 75.0,
                      60.0, clock=clock, sleep=clock.sleep)
+    # exact: Python float arithmetic on the test's own figures
     assert none.waited_s == 0.0 and "no temperature readable (temp_host: psutil" in none.note
 
 
@@ -381,6 +385,7 @@ def test_settings_take_max_temp_and_refuse_nonsense():
     from autohet.tuning.settings import load_settings
 
     settings = load_settings(str(REPO / "conf/default.yaml"), {"max_temp": 80, "objective": "latency,energy"})
+    # exact: Python float arithmetic on the test's own figures
     assert settings.max_temp == 80.0 and settings.cool_margin_c == 5.0 and settings.objectives.mode == "latency"
     with pytest.raises(UserError, match="max_temp must be between"):
         load_settings(str(REPO / "conf/default.yaml"), {"max_temp": -3})

@@ -15,6 +15,7 @@ from autohet.models import ModelSpec, build_model
 from autohet.pool import LocalPool, load_pool
 from autohet.running import run_strategy
 from autohet.workload import Workload, WorkloadSpec
+from tests.numerics import assert_fp32_close, assert_run_fp32_close, assert_within_product_tolerance
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def test_cpu_executor_outputs_equal_the_model_and_keep_order(lenet_workload):
     with torch.inference_mode():
         ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(100, 70))).numpy()
     assert unit.outputs.shape == (70, 10)
-    np.testing.assert_allclose(unit.outputs, ref, rtol=1e-5, atol=1e-6)
+    assert_fp32_close(unit.outputs, ref, build_model("lenet"))  # one pinned thread against this thread's two
     assert unit.compute_s > 0
     assert torch.get_num_threads() == 1
     assert ex.standalone_ips(0.1) > 0
@@ -41,14 +42,14 @@ def test_cpu_executor_bf16_is_close(lenet_workload):
     ref = make_executor(ExecutorSpec("c", "cpu", (0,), batch=32), ModelSpec("lenet"))
     ref.load(lenet_workload)
     a, b = ex.run(0, 64).outputs, ref.run(0, 64).outputs
-    assert np.max(np.abs(a - b)) < 5e-2 * np.max(np.abs(b))
+    assert_within_product_tolerance(a, b, "bf16")
 
 
 def test_local_pool_runs_fast_split_with_output_check(lenet_workload):
     pool = LocalPool(load_pool("actors/cpu2.yaml"))
     m = run_strategy("fast_split", {"w_s": 32}, pool, RunContext(ModelSpec("lenet"), lenet_workload,
                                                                  standalone_seconds=0.1))
-    assert m.output_ok and m.max_abs_diff < 1e-4
+    assert_run_fp32_close(m, build_model("lenet"))
     assert sum(e.images for e in m.executors) == 500
     assert not m.simulated
 
@@ -290,9 +291,9 @@ def test_cpu_inductor_executor_matches_the_reference_and_compiles_once(lenet_wor
         with torch.inference_mode():
             ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(5, 45))).numpy()
         out = ex.run(5, 45).outputs  # one full batch and a partial one
-    assert np.max(np.abs(out - ref)) <= 1e-3 * np.max(np.abs(ref))
+    assert_within_product_tolerance(out, ref, "fp32")  # inductor fuses and reorders whole layers
     ex.configure({"batch": 32})  # unchanged: nothing compiled again
-    assert ex.describe()["compile_s"] == 0.0
+    assert ex.describe()["compile_s"] == 0.0  # exact: nothing compiled leaves it 0.0
 
 
 @pytest.mark.gpu
@@ -365,5 +366,5 @@ def test_gpu_inductor_replays_its_kernels_as_one_graph(lenet_workload):
     with torch.inference_mode():
         ref = build_model("lenet")(torch.from_numpy(lenet_workload.rows(0, 150))).numpy()
     out = ex.run(0, 150).outputs
-    assert np.max(np.abs(out - ref)) <= 1e-2 * np.max(np.abs(ref))
+    assert_within_product_tolerance(out, ref, "fp16")
     assert isinstance(ex.variant.graphs[64], GraphedCall)

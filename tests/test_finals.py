@@ -82,6 +82,7 @@ def test_finals_run_by_turns_and_the_best_median_wins():
     assert run_finals(finalists, run, THROUGHPUT, rounds=3, deadline=100.0, clock=clock) == 3
     assert calls == ["hat", "single"] * 3
     winner = final_choice(finalists, THROUGHPUT)
+    # exact: Python float arithmetic on the test's own figures
     assert winner is finalists[1] and winner.values == [40.2, 40.0, 40.6]
     table = finals_table(finalists, THROUGHPUT, winner)
     assert "median 40.2  <- exported" in table and "median 39" in table
@@ -120,9 +121,12 @@ def test_no_round_finished_leaves_the_choice_to_the_best_trial():
 
 def test_final_runs_grow_into_half_the_time_left_up_to_the_most():
     finalists = [entrant("hat", 50.0, trial_s=3.0), entrant("single", 49.0, trial_s=3.0)]  # 12 s for 2 rounds
+    # exact: Python float arithmetic on the test's own figures
     assert final_scale(finalists, 2, time_left=48.0) == 2.0  # half of 48 s over 12 s planned
     assert final_scale(finalists, 2, time_left=400.0) == FINAL_MOST_SCALE
+    # exact: Python float arithmetic on the test's own figures
     assert final_scale(finalists, 2, time_left=10.0) == 1.0  # never shorter than the trials
+    # exact: Python float arithmetic on the test's own figures
     assert final_scale([entrant("hat", 50.0, trial_s=0.0)], 2, time_left=100.0) == 1.0
 
 
@@ -132,6 +136,7 @@ def test_a_longer_setup_sizes_its_runs_longer_and_an_unsized_one_is_unchanged():
     sized = TrialSetup(None, None, "throughput", "m", 16, 0.5, 50, sizing=TrialSizing(3.0, 32, 10**6, 40.0))
     longer = sized.longer(4.0)
     assert longer.sizing.images_at(40.0) == 4 * sized.sizing.images_at(40.0) == 512  # 128 images -> 512
+    # exact: Python float arithmetic on the test's own figures
     assert sized.sizing.target_s == 3.0 and sized.longer(1.0) is sized
     unsized = TrialSetup(None, None, "throughput", "m", 16, 0.5, 50)
     assert unsized.longer(4.0) is unsized

@@ -63,11 +63,13 @@ def test_identical_executors_share_one_standalone_measurement(nine_core_gpu_mach
     base = nine_core_gpu_machine
     assert [e.cores for e in base.executors] == [(0,)] + [(c,) for c in range(1, 9)]
     manager = _manager(base)
-    assert manager.calibrate(0.1) == 1000.0 * 256 + 8 * 10.0
+    assert manager.calibrate(0.1) == 1000.0 * 256 + 8 * 10.0  # exact: Python float arithmetic on the test's own figures
     pool = FakePool.made[-1]
     assert pool.measured == [[0], [1]]  # the GPU, and the first of the eight identical CPU groups
+    # exact: Python float arithmetic on the test's own figures
     assert manager.standalone(0.1, None) == [256000.0] + [10.0] * 8
     assert pool.measured == [[0], [1]]  # cached
+    # exact: Python float arithmetic on the test's own figures
     assert manager.known_standalone(3) == 10.0 and manager.known_standalone(99) is None
     manager.acquire({}, {"gpu": {"batch": 128}})
     manager.standalone(0.1, None)
@@ -85,6 +87,7 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     assert [e.cores for e in spec.executors] == [(0,), (1, 2, 3, 4), (5, 6, 7, 8)]
     assert actors[0] == first.actors[0]  # the GPU executor's actor serves both topologies
     assert set(second.adopted) == {identity(spec.executors[0])}
+    # exact: Python float arithmetic on the test's own figures
     assert manager.standalone(0.1, None) == [256000.0, 40.0, 40.0]
     assert second.measured == [[1]]  # the GPU's figure came from the cache
     manager.acquire({"cpu_group_size": 4}, {})
@@ -140,7 +143,7 @@ def test_the_fastest_valid_run_is_remembered() -> None:
     assert manager.best_speed() is None
     for ips in (200.0, 800.0, 400.0):
         manager.record_speed(ips)
-    assert manager.best_speed() == 800.0
+    assert manager.best_speed() == 800.0  # exact: Python float arithmetic on the test's own figures
 
 
 def test_a_trial_is_sized_to_its_target_seconds_at_the_best_speed_known() -> None:
@@ -153,6 +156,7 @@ def test_a_trial_is_sized_to_its_target_seconds_at_the_best_speed_known() -> Non
     assert TrialSizing(3.0, 32, 100_000, 160_000.0).images(None) == 100_000  # the output cap holds
     assert TrialSizing(3.0, 32, 100, 1.0).images(None) == 32
     assert sizing.deadline(2896) == pytest.approx(28.96) and sizing.deadline(10) == 20.0
+    # exact: Python float arithmetic on the test's own figures
     assert TrialSizing(3.0, 32, 100, 1.0, timeout_s=7.0).deadline(50) == 7.0
 
 
@@ -174,11 +178,14 @@ def test_one_executor_is_measured_alone_once_per_class(nine_core_gpu_machine: Po
     manager = _manager(nine_core_gpu_machine)
     manager.acquire({}, {})
     pool = FakePool.made[-1]
+    # exact: Python float arithmetic on the test's own figures
     assert manager.standalone_of(4, 0.1) == 10.0 and pool.measured == [[4]]
+    # exact: Python float arithmetic on the test's own figures
     assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured == [[4]]  # same class: cached
-    assert manager.known_standalone(7) == 10.0
+    assert manager.known_standalone(7) == 10.0  # exact: Python float arithmetic on the test's own figures
     assert manager.standalone_of(99, 0.1) is None and pool.measured == [[4]]
     manager.acquire({}, {"cpu": {"batch": 32}})
+    # exact: Python float arithmetic on the test's own figures
     assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured[-1] == [2]  # a new configuration
     manager.standalone(0.1, 500)  # a trial's figures (its share as the cap): the CPU groups' is known
     assert pool.measured[-1] == [0]
@@ -288,6 +295,7 @@ def test_a_single_is_timed_by_its_own_speed(monkeypatch: pytest.MonkeyPatch) -> 
                                  "throughput", "m", 16, 0.5, 10, cut_factor=4.0)
     phases = {TrialKey.STANDALONE: 0.0}
     own = trainable._single_speed
+    # exact: Python float arithmetic on the test's own figures
     assert own("single", {"executor": 1}, Manager, setup, phases) == 900.0 and measured == [1]
     assert own("single", {"executor": 0}, Manager, setup, phases) == 70_000.0 and measured == [1]  # known
     assert own("hat", {}, Manager, setup, phases) is None and measured == [1]
@@ -297,3 +305,20 @@ def test_a_single_is_timed_by_its_own_speed(monkeypatch: pytest.MonkeyPatch) -> 
     assert trainable.trial_images(sizing, None, spec) == 362
     assert trainable._cut_deadline(Manager, setup, 2896, 900.0) == pytest.approx(4 * 2896 / 900)
     assert trainable._cut_deadline(Manager, setup, 2896) == trainable.CUT_FLOOR_S  # 4 x 2896 / 70000 s
+
+
+def test_an_estimated_busy_time_is_labelled_in_the_metrics_and_the_report() -> None:
+    """Issue 50: a busy time extrapolated from a few timed frames is never logged or printed as measured."""
+    from autohet.commands.run import report
+    from autohet.measurement import ExecutorReport, Measurement
+    from autohet.tuning.trainable import trial_metrics
+
+    m = Measurement("lenet", "coedge", {}, 100, 2.0, 50.0, 60.0, 50 / 60, True, 0.0, 1e-3,
+                    [ExecutorReport("cpu0", "cpu[0]", 100, 1.5, 30.0),
+                     ExecutorReport("cpu1", "cpu[1]", 100, 1.0, 30.0, busy_estimated=True)])
+    metrics = trial_metrics(m)
+    assert metrics["busy.cpu0"] == pytest.approx(0.75) and metrics["busy_est.cpu1"] == pytest.approx(0.5)
+    assert "busy.cpu1" not in metrics
+    text = report(m)
+    assert "~1" in text and "estimated from a few timed frames" in text
+    assert m.to_dict()["executors"][1]["busy_estimated"] is True

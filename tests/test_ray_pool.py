@@ -10,10 +10,12 @@ import pytest
 from autohet.context import RunContext
 from autohet.errors import UserError
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec
+from autohet.models import ModelSpec, build_model
 from autohet.pool import PoolSpec, RayPool, load_pool
 from autohet.running import run_strategy
+from autohet.strategies._driver import RAISE_MARGIN
 from autohet.workload import Workload, WorkloadSpec
+from tests.numerics import assert_run_fp32_close
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # actors start in 5-20 s each on the 2-core box
 
@@ -26,10 +28,9 @@ def test_lenet_on_ray_actors_fast_split_output_ok(ray_local):
                                                             standalone_seconds=0.3))
     finally:
         pool.shutdown()
-    assert m.output_ok, m.failures
-    assert m.max_abs_diff < 1e-4
+    assert_run_fp32_close(m, build_model("lenet"))
     assert all(e.images > 0 and e.standalone_ips > 0 for e in m.executors)
-    assert 0 < m.efficiency < 1.5
+    assert 0 < m.efficiency <= RAISE_MARGIN  # a group faster than its standalone figure raises the limit
 
 
 def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
@@ -270,6 +271,7 @@ def test_lookahead_calls_name_the_next_units_first_part(ray_local, lookahead):
     fifo = get_strategy("fifo")
     result = drive(fifo, fifo.validate({"c": 250}), disp, 3000, lookahead=lookahead)
     assert result.coverage.tolist() == [1] * 3000
+    # exact: simulated executors output the image indices
     assert np.array_equal(result.outputs[:, 0], np.arange(3000, dtype=np.float32))
     chain = [(s, z) for s, z, _ in gpu.calls]
     announced = [f for _, _, f in gpu.calls]

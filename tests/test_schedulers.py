@@ -26,6 +26,7 @@ def units_of(result, executor=None):
 
 def assert_exactly_once_in_order(result, total):
     assert result.coverage.tolist() == [1] * total
+    # exact: simulated executors output the image indices
     assert np.array_equal(result.outputs[:, 0], np.arange(total, dtype=np.float32))
 
 

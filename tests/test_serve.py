@@ -93,12 +93,15 @@ def test_routes_content_types_lengths_and_query():
 def test_npy_bodies_become_the_batch_or_a_400_naming_the_fix():
     x = np.random.default_rng(0).standard_normal((3, *LENET), dtype=np.float32)
     got = parse_npy(npy(x), LENET, "lenet")
+    # exact: bytes moved, no arithmetic
     assert got.dtype == np.float32 and np.array_equal(got, x) and not got.flags.owndata  # a view of the body
+    # exact: a byte swap
     assert np.array_equal(parse_npy(npy(x.astype(">f4")), LENET, "lenet"), x)  # big-endian converted
-    assert np.array_equal(parse_npy(npy(np.asfortranarray(x)), LENET, "lenet"), x)
+    assert np.array_equal(parse_npy(npy(np.asfortranarray(x)), LENET, "lenet"), x)  # exact: bytes moved, no arithmetic
     assert parse_npy(npy(x[:0]), LENET, "lenet").shape == (0, *LENET)
     pixels = np.random.default_rng(1).integers(0, 256, (2, *LENET), dtype=np.uint8)
     got = parse_npy(npy(pixels), LENET, "lenet")  # pixels: the replica's runner scales them
+    # exact: bytes moved, no arithmetic
     assert got.dtype == np.uint8 and np.array_equal(got, pixels) and not got.flags.owndata
     cases = [(b"", "empty"), (b"not an npy at all", "not an .npy file"),
              (npy(x.astype(np.float64)), "astype(numpy.float32)"), (npy(x.astype(np.int32)), "astype(numpy.float32)"),
@@ -114,6 +117,7 @@ def test_image_bodies_are_preprocessed_as_run_input_does(tmp_path):
     (tmp_path / "a.jpg").write_bytes(jpeg)
     got = decode_image(jpeg, prep)  # uint8 pixels, scaled where the replica runs them
     assert got.shape == (1, 3, 224, 224) and got.dtype == np.uint8
+    # exact: the same scale.apply on the same pixels
     assert np.array_equal(prep.scale.apply(got)[0], decode(tmp_path / "a.jpg", prep))
     assert decode_image(image_bytes("PNG"), preprocessing_for(LENET, None, "test")).shape == (1, *LENET)
     for body, fix in [(b"", "empty"), (b"GIF89a? no", "not a readable image"), (jpeg[: len(jpeg) // 2], "truncated")]:
@@ -165,6 +169,7 @@ def test_the_plan_puts_each_executor_of_a_throughput_config_in_its_replica(tmp_p
         ("exec-cpu0", (0,), 1, 0, True, True), ("exec-cpu1", (1,), 1, 0, True, True)]
     exported = load_config(config_of(tmp_path, cpu2, "fifo", {}, measured={"executor_ips": {"cpu0": 30.0,
                                                                                           "cpu1": 10.0}}))
+    # exact: Python float arithmetic on the test's own figures
     assert [(s.speed_ips, s.measure) for s in plan_replicas(exported, "c")] == [(30.0, False), (10.0, False)]
     assert replica_load(exported, plan_replicas(exported, "c")[1]) == (exported, {"executor": 1})
     single = plan_replicas(load_config(config_of(tmp_path, cpu2, "single", {"executor": 1})), "c")
@@ -541,6 +546,7 @@ def test_an_answer_says_where_its_time_went_in_server_timing():
         name, dur = entry.split(";dur=")
         phases[name] = float(dur)
     assert list(phases) == ["body", "parse", "queue", "stream", "transit", "encode"]
+    # exact: Python float arithmetic on the test's own figures
     assert phases["queue"] == 5.0 and phases["stream"] == 15.0
     assert 30.0 <= phases["transit"] < 30.0 + 2000.0 and all(v >= 0 for v in phases.values())
 

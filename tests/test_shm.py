@@ -42,11 +42,11 @@ def _chunk_in_another_process(body: shm.ShmBody, images: np.ndarray, header: int
     assert parent.recv() == float(images[3:7].astype(np.float64).sum())
     proc.join(30)
     opened = ref.open()
-    assert np.array_equal(opened, images[3:7])  # a live view of the body
+    assert np.array_equal(opened, images[3:7])  # exact: bytes moved, no arithmetic; a live view of the body
     body.remove()
     body.remove()  # twice: no error
     assert not os.path.exists(body.path)
-    assert np.array_equal(opened[1:], images[4:7])  # a mapping outlives the file
+    assert np.array_equal(opened[1:], images[4:7])  # exact: bytes moved, no arithmetic; a mapping outlives the file
     with pytest.raises(ValueError):
         body.locate(np.zeros((2, 3, 8, 8), np.uint8))  # not a view of the body
 

@@ -139,7 +139,7 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     stage_two = search.suggest("t3")
     assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
     assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
-    assert search.best["cpu"][0] == 90.0
+    assert search.best["cpu"][0] == 90.0  # exact: a fake trial's figure
 
 
 def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winner_on():
@@ -179,7 +179,7 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
     assert (same["pool.cpu_group_size"], same["exec.cpu.backend"], same["exec.cpu.batch"]) == (2, "onnxruntime", 64)
     assert (other["pool.cpu_group_size"], other["exec.cpu.backend"], other["exec.cpu.batch"]) == (
         1, "onnxruntime", 16)
-    assert search.best["cpu"][0] == 48.0
+    assert search.best["cpu"][0] == 48.0  # exact: a fake trial's figure
 
 
 def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups():
@@ -220,7 +220,7 @@ def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups(
     for n, probe in enumerate(probes):
         search.on_trial_complete(f"p{n}", {"status": "ok", "objective_value": {
             "onnxruntime": 5.0, "onnxruntime_nnpack": 6.3}[probe["exec.cpu.backend"]]})
-    assert search.best["cpu"][0] == 4.83  # a probe is no single
+    assert search.best["cpu"][0] == 4.83  # exact: a fake trial's figure; a probe is no single
     split, whole = search.suggest("t0"), search.suggest("t1")
     assert (split["strategy"], split["pool.cpu_group_size"], split["exec.cpu.backend"], split["exec.cpu.batch"]) == (
         "chunk", 1, "onnxruntime_nnpack", 16)
@@ -228,6 +228,7 @@ def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups(
         "chunk", 2, "onnxruntime", 64)
     search.on_trial_complete("t0", {"status": "ok", "objective_value": 6.0, TrialKey.ACQUIRE: 1e6})
     search.on_trial_complete("t1", {"status": "ok", "objective_value": 4.0})
+    # exact: fake trials' figures
     assert [f for f, _, _ in search.split_probes] == [5.0, 6.3]  # a strategy's trial is no probe
     # past the acquire cap, a sampled point keeps the best trial's groups (the nnpack probe's), at the
     # settings measured on them

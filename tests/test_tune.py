@@ -100,8 +100,13 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
         name = run.data.params["strategy"]
         if name == "broken" or get_strategy(name).family == "data_parallel":  # work units: a timeline
             assert "timeline.png" in files
+    checked = [r.data.metrics for r in trials if r.data.tags["status"] in ("ok", "invalid")]
+    assert all({"check.reference_computed", "check.reference_reused", "time.reference_s"} <= set(m) for m in checked)
+    # the trial processes reuse the references the tuner computed and those earlier trials computed (issue 50)
+    assert sum(m["check.reference_reused"] for m in checked) > sum(m["check.reference_computed"] for m in checked)
     broken = [r for r in trials if r.data.tags["strategy"] == "broken"]
     assert broken and all(r.data.tags["status"] == "invalid" for r in broken)  # wrong outputs: invalid
+    # exact: the worst value a failed trial is given
     assert all(r.data.metrics["objective_value"] == 0.0 for r in broken)
     assert "differ" in broken[0].data.tags["error"] or "exactly once" in broken[0].data.tags["error"]
     assert {"comparison.png", "best.yaml"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
