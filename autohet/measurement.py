@@ -24,6 +24,10 @@ class WorkUnit:
 
 @dataclass
 class ExecutorReport:
+    """One executor's part of a run. ``busy_estimated``: ``busy_s`` is an estimate (a few timed frames
+    scaled to the run's, or a stage's frame time where no timeline came back), not the sum of the run's
+    own units; reports print it marked and MLflow logs it as ``busy_est.<executor>``."""
+
     name: str
     device: str
     images: int = 0
@@ -31,6 +35,7 @@ class ExecutorReport:
     standalone_ips: float = 0.0
     simulated: bool = False
     died: bool = False
+    busy_estimated: bool = False
 
 
 @dataclass

@@ -73,6 +73,9 @@ class TrialKey:
     COMPILE = "time.compile_s"
     TRIAL = "time.trial_s"
     RUN = "time.run_s"
+    REFERENCE = "time.reference_s"  # computing reference outputs this trial's check needed (inside RUN)
+    REFERENCE_COMPUTED = "check.reference_computed"  # images whose reference this trial computed
+    REFERENCE_REUSED = "check.reference_reused"  # images whose reference the tuner or an earlier trial had
 
     @staticmethod
     def latency(stat: str) -> str:
@@ -91,8 +94,13 @@ class TrialKey:
 
     @staticmethod
     def busy(executor: str) -> str:
-        """The share of the run's wall time an executor was busy."""
+        """The share of the run's wall time an executor was busy (summed from its units)."""
         return f"busy.{executor}"
+
+    @staticmethod
+    def busy_estimated(executor: str) -> str:
+        """The same share where the run could only estimate it (``ExecutorReport.busy_estimated``)."""
+        return f"busy_est.{executor}"
 
 
 # The first objective's figure as the searcher reads it in a trial's results (and MLflow logs it).

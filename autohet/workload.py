@@ -109,9 +109,22 @@ class Workload:
         return self.bank[(np.arange(start, start + size) % n)]
 
     def indices_sample(self, count: int) -> np.ndarray:
-        """Evenly spread image indices for the output check (first and last included)."""
+        """Evenly spread image indices for the output check (first and last included). Where the images
+        cycle through the bank (more images than rows), each is the index nearest its even spot whose row
+        is one of ``count`` rows evenly spread over the bank: runs of any length check those rows (and
+        the last image's), so their reference outputs are computed once (``RunContext.reference``)."""
         count = min(count, self.images)
-        return np.unique(np.linspace(0, self.images - 1, count).round().astype(np.int64))
+        spots = np.linspace(0, self.images - 1, count).round().astype(np.int64)
+        rows = len(self.bank)
+        if self.images <= rows:
+            return np.unique(spots)
+        grid = np.linspace(0, rows - 1, min(count, rows)).round().astype(np.int64)
+        offsets = np.concatenate([grid - rows, grid, grid + rows])
+        candidates = (spots - spots % rows)[:, None] + offsets[None, :]
+        distance = np.where((candidates >= 0) & (candidates < self.images), np.abs(candidates - spots[:, None]),
+                            np.iinfo(np.int64).max)
+        nearest = candidates[np.arange(len(spots)), distance.argmin(axis=1)]
+        return np.unique(np.append(nearest, self.images - 1))
 
 
 def workload_for(model: str, images: int, seed: int = 0, npy: str | None = None) -> Workload:

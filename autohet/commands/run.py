@@ -214,9 +214,12 @@ def report(m: Measurement) -> str:
         f"output check: {'ok' if m.output_ok else 'FAILED'} (max |diff| {m.max_abs_diff:.3g}, "
         f"tolerance {m.tolerance:.3g})",
         "",
-        table([[e.name, e.device, e.images, e.busy_s, e.standalone_ips, "died" if e.died else ""]
+        table([[e.name, e.device, e.images, f"~{e.busy_s:.4g}" if e.busy_estimated else e.busy_s, e.standalone_ips,
+                "died" if e.died else ""]
                for e in m.executors], ["executor", "device", "images", "busy_s", "standalone_ips", ""]),
     ]
+    if any(e.busy_estimated for e in m.executors):
+        lines.append("busy_s ~: estimated from a few timed frames scaled to the run (not summed from its own units)")
     if m.extra.get("limit_raised"):
         lines.append("limit: " + "; ".join(f"{n} ran at {v['run_ips']:.4g} img/s, above its standalone "
                                            f"{v['standalone_ips']:.4g}: the run's speed is used"

@@ -128,7 +128,8 @@ def trial_metrics(m: Measurement) -> dict[str, Any]:
     total = sum(e.images for e in m.executors) or 1
     for e in m.executors:
         out[TrialKey.share(e.name)] = e.images / total
-        out[TrialKey.busy(e.name)] = e.busy_s / m.wall_s if m.wall_s > 0 else 0.0
+        key = TrialKey.busy_estimated(e.name) if e.busy_estimated else TrialKey.busy(e.name)
+        out[key] = e.busy_s / m.wall_s if m.wall_s > 0 else 0.0
     return out
 
 
@@ -253,6 +254,9 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                                      "executor_ips": {e.name: e.standalone_ips for e in m.executors
                                                       if e.standalone_ips > 0}})
     result = trial_metrics(m)
+    result.update({TrialKey.REFERENCE: ctx.reference_stats["seconds"],
+                   TrialKey.REFERENCE_COMPUTED: int(ctx.reference_stats["computed"]),
+                   TrialKey.REFERENCE_REUSED: int(ctx.reference_stats["reused"])})
     result.update(status=status, strategy=strategy, params_json=json.dumps(m.params),
                   measurement=m.to_json(timeline=True),
                   config_yaml=yaml.safe_dump(config_out.to_dict(), sort_keys=False))

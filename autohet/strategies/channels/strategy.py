@@ -162,7 +162,8 @@ class ChannelsStrategy(EngineStrategy):
         else:
             wall, busy = out.pop("wall_s"), out.pop("busy_s")
             ips = out["baselines_ips"]
-            report = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], ips[s.name]) for s in specs]
+            report = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], ips[s.name],
+                                     busy_estimated=True) for s in specs]  # a few timed frames, scaled
             m = ctx.stream_measurement(pool, self.name, params, wall, outputs, sum(ips.values()), report, precision)
         m.extra.update(out)
         return m

@@ -139,10 +139,12 @@ class PipelineStrategy(EngineStrategy):
         if params["start"] == "given":
             params = {**params, "cuts": out["cuts"], "stages": out["order"]}  # the exported config names what ran
         frame_ms = out["device_frame_ms"]
+        # summed from the frames' timeline where one came back; on Ray nodes, estimated from each stage's frame time
         busy = {s.name: sum(u.compute_s for u in timeline if u.executor == s.name) if timeline else
-                frame_ms.get(s.name, 0.0) / 1e3 * out["frames"] for s in specs}  # measured, else estimated
+                frame_ms.get(s.name, 0.0) / 1e3 * out["frames"] for s in specs}
         reports = [ExecutorReport(s.name, s.device, ctx.workload.images if s.name in used else 0, busy[s.name],
-                                  out["batch"] / (frame_ms[s.name] / 1e3) if frame_ms.get(s.name) else 0.0)
+                                  out["batch"] / (frame_ms[s.name] / 1e3) if frame_ms.get(s.name) else 0.0,
+                                  busy_estimated=not timeline)
                    for s in specs]
         precision = tolerance_for([s.precision for s in specs if s.name in used])
         bound = out["bound_ips"]

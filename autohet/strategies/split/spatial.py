@@ -271,14 +271,15 @@ class SpatialStrategy(EngineStrategy):
         base = out["baselines"]
         if ctx.mode.per_request:
             times = out.pop("times_s")
-            reports = [ExecutorReport(s.name, s.device, len(times), busy[s.name], 0.0) for s in specs]
+            reports = [ExecutorReport(s.name, s.device, len(times), busy[s.name], 0.0, busy_estimated=True)
+                       for s in specs]  # busy: one timed frame, scaled (SpatialJob.run)
             m = ctx.latency_measurement(pool, self.name, params, times, outputs, reports, precision)
         else:
             wall = out.pop("wall_s")
             out.pop("images", None)
             limit = sum(b["ips"] for b in base.values())
-            reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], base[s.name]["ips"])
-                       for s in specs]
+            reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], base[s.name]["ips"],
+                                      busy_estimated=True) for s in specs]
             m = ctx.stream_measurement(pool, self.name, params, wall, outputs, limit, reports, precision)
         key = ctx.mode.pick("p50_ms", "ips")
         best = min(base, key=lambda d: base[d][key] if key == "p50_ms" else -base[d][key])
