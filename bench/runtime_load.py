@@ -58,10 +58,22 @@ def streamed(path: str, images: int, batch: int | None, window: int | None = Non
     with autohet.load(path, window=window) as runner:
         size = batch or max(e.batch for e in runner.config.pool.executors)
         steady, cold = stream_ips(runner, images, size)
+        executors = _executor_shares(runner)
         pixels, pixels_cold = stream_ips(runner, images, size, pixels=True)
         return steady, {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
                         "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
-                        "served": runner.describe()["served"]}
+                        "served": runner.describe()["served"], "executors": executors}
+
+
+def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
+    """Each executor's images and busy seconds in the streams so far, and its img/s while busy: where a
+    stream's loss sits (an executor idle, or slow while it had work). Only streams over several
+    in-process executors (their lanes) keep these."""
+    out = {}
+    for name, figures in runner.describe()["stream"].get("executors", {}).items():
+        busy = figures["busy_s"]
+        out[name] = {**figures, "busy_ips": figures["images"] / busy if busy > 0 else 0.0}
+    return out
 
 
 def stream_ips(runner: Any, images: int, size: int, pixels: bool = False) -> tuple[float, float]:
@@ -131,6 +143,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, help="autohet.load(window=): images per stream window (default: "
                         "the tuned run's, at most 1 GiB of them)")
     parser.add_argument("--no-run", action="store_true", help="skip the in-process measured run (run_ips)")
+    parser.add_argument("--rounds", type=int, default=1, help="the run and the stream by turns this many times; "
+                        "the round of the median stream/run ratio is reported")
     parser.add_argument("--jpegs", type=int, default=0, help="also run this many synthetic JPEGs through run --input")
     parser.add_argument("--jpeg-size", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
     parser.add_argument("--smoke", action="store_true", help="lenet on actors/cpu2.yaml, 2000 images, 40 JPEGs")
@@ -145,12 +159,26 @@ def main() -> None:
             raise SystemExit("give --config FILE or --smoke")
         images, jpegs = (2000, 40) if args.smoke else (args.images, args.jpegs)
         config = load_config(path)
-        run_ips = float("nan") if args.no_run else measured_run(config, images)
-        load_ips, how = streamed(path, images, args.batch, args.window)
+        rounds = []  # by turns: the run, then the stream, ``--rounds`` times (a box whose speed drifts)
+        for _ in range(max(1, args.rounds)):
+            run_ips = float("nan") if args.no_run else measured_run(config, images)
+            load_ips, how = streamed(path, images, args.batch, args.window)
+            rounds.append((run_ips, load_ips, how))
+        ratios = sorted(range(len(rounds)), key=lambda k: rounds[k][1] / rounds[k][0])
+        run_ips, load_ips, how = rounds[ratios[len(ratios) // 2]]  # the round of the median stream/run ratio
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
                                "window_given": args.window,
                                "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
+                               "pixels_over_run": how["pixels_ips"] / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
+        if len(rounds) > 1:
+            row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r}
+                             for r, s, h in rounds]
+            print("rounds (stream/run, pixels/run): " + ", ".join(
+                f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}" for x in row["rounds"]), flush=True)
+        for name, figures in how["executors"].items():
+            print(f"stream: {name} ran {figures['images']} images in {figures['pieces']} pieces, busy "
+                  f"{figures['busy_s']:.2f} s ({figures['busy_ips']:.1f} img/s while busy)", flush=True)
         tuned = config.measured.get("throughput_ips")
         if tuned:  # the tune's own figure for this config (its trial), as the issue compares
             row.update(tune_ips=tuned, load_over_tune=load_ips / tuned, pixels_over_tune=row["pixels_ips"] / tuned)
@@ -159,6 +187,7 @@ def main() -> None:
             row["files_over_load"] = row["files_ips"] / load_ips
     columns = ("model", "strategy", "images", "window_given", "batch", "run_ips", "tune_ips", "load_ips",
                "stream_cold_ips", "load_over_run", "load_over_tune", "pixels_ips", "pixels_on_device",
+               "pixels_over_run",
                "pixels_over_tune", "files", "files_ips", "files_over_load", "decode_cores")
     emit("runtime_load", [row], [c for c in columns if c in row], args.out)
 

@@ -24,7 +24,8 @@ RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subpro
                                    pytest.param("cpu_peers", marks=RAY_SLOW),
                                    pytest.param("serve_load", marks=RAY_SLOW),
                                    pytest.param("runtime_load", marks=pytest.mark.slow),  # no Ray, ~8 s
-                                   pytest.param("http_ceiling", marks=pytest.mark.slow)])  # no Ray, ~5 s
+                                   pytest.param("http_ceiling", marks=pytest.mark.slow),  # no Ray, ~5 s
+                                   pytest.param("multi_gpu", marks=pytest.mark.slow)])  # no Ray, ~15 s
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -37,8 +38,15 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         assert all(0 < r["efficiency"] <= RAISE_MARGIN for r in rows if r["efficiency"] is not None)
     if bench == "tune_speed":
         assert rows[0]["tuned_over_grid"] > 0 and rows[0]["grid_runs"] == 2
+    if bench == "multi_gpu":  # 1-core CPU groups stand in for GPUs: one, then two, then the stream over both
+        row = rows[0]
+        assert row["autohet_1"] > 0 and row["autohet_n"] > 0 and row["efficiency_n"] <= RAISE_MARGIN
+        assert row["stream_over_run"] > 0 and set(row["stream_detail"]["executors"]) == {"cpu0", "cpu1"}
     if bench == "runtime_load":
         assert rows[0]["load_ips"] > 0 and rows[0]["run_ips"] > 0 and rows[0]["files"] == 40
+        executors = rows[0]["executors"]  # the stream's lanes: where each executor's time went
+        assert set(executors) == {"cpu0", "cpu1"}
+        assert all(e["images"] > 0 and e["busy_s"] > 0 for e in executors.values())
     if bench == "cpu_peers":  # every peer measured (bf16 ones skipped with why on a CPU without it), then autohet
         row = rows[0]
         assert row["eager_fp32_nchw_ips"] > 0 and row["onnxruntime_fp32_ips"] > 0

@@ -161,17 +161,21 @@ def test_timings_cover_every_layer_and_unit(engine, net):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision,graphs,sms", [("fp32", True, None), ("fp32", False, None), ("fp16", True, None),
-                                                 ("fp32", True, (60, 60))])
+                                                 ("fp32", True, (60, 60)), ("fp32", True, "two gpus")])
 def test_gpu_pieces_match_the_model(net, precision, graphs, sms):
-    """A GPU (whole, or two green-context partitions) next to a CPU group: graphed pieces, GPU joins
-    and sums, transfers both ways; the rest device on either side."""
+    """A GPU (whole, or two green-context partitions, or two GPUs: pieces moved GPU to GPU) next to a CPU
+    group: graphed pieces, GPU joins and sums, transfers both ways; the rest device on either side."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from autohet.engine import GpuDevice
     from autohet.executors.green import sm_partitions
 
     model, x, ref, g = net
-    if sms:
+    if sms == "two gpus":
+        if torch.cuda.device_count() < 2:
+            pytest.skip("needs two CUDA GPUs")
+        gpus = [GpuDevice(f"g{k}", k, precision, True) for k in range(2)]
+    elif sms:
         parts = sm_partitions(0, list(sms))
         gpus = [GpuDevice(f"g{k}", 0, precision, True, lambda p=p: p.stream) for k, p in enumerate(parts)]
     else:

@@ -165,6 +165,11 @@ def test_pool_suited_defaults_apply_only_when_none_of_their_keys_is_given():
     assert fifo.validate(fifo.defaults_for(cpu_only, {"c": 128})) == {"c": 128, "unit": "images"}
     sims = PoolSpec("s", [ExecutorSpec("s0", "sim", speed_ips=100.0), ExecutorSpec("s1", "sim", speed_ips=100.0)])
     assert fifo.validate(fifo.defaults_for(sims, {})) == {"c": 128, "unit": "images"}  # the seed's sizes
+    gpus = PoolSpec("g", [ExecutorSpec("g0", "gpu", gpu=0, batch=256), ExecutorSpec("g1", "gpu", gpu=1, batch=256)])
+    assert fifo.validate(fifo.defaults_for(gpus, {})) == {"c": 4, "unit": "batches"}  # whole batches, never padded
+    assert get_strategy("chunk").validate(get_strategy("chunk").defaults_for(gpus, {})) == {"w": 8 * 512}
+    one_gpu = PoolSpec("g", [ExecutorSpec("g0", "gpu", gpu=0, batch=256)])
+    assert fifo.validate(fifo.defaults_for(one_gpu, {})) == {"c": 128, "unit": "images"}
 
 
 @pytest.mark.ray

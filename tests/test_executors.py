@@ -368,3 +368,21 @@ def test_gpu_inductor_replays_its_kernels_as_one_graph(lenet_workload):
     out = ex.run(0, 150).outputs
     assert_within_product_tolerance(out, ref, "fp16")
     assert isinstance(ex.variant.graphs[64], GraphedCall)
+
+
+@pytest.mark.gpu
+def test_data_parallel_over_two_gpus_in_process_matches_the_reference_and_uses_both(lenet_workload):
+    """Issue 46: fifo over two GPU executors of one process (LocalDispatcher's lookahead: each GPU queues
+    its next unit while the current one runs), outputs checked against the fp32 reference."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    from autohet.pool import PoolSpec
+
+    spec = PoolSpec("gpus", [ExecutorSpec(f"gpu{g}", "gpu", (g,), g, batch=32, precision="fp32") for g in (0, 1)])
+    pool = LocalPool(spec)
+    try:
+        m = run_strategy("fifo", {}, pool, RunContext(ModelSpec("lenet"), lenet_workload, standalone_seconds=0.1))
+    finally:
+        pool.shutdown()
+    assert m.output_ok, m.failures
+    assert m.params["unit"] == "batches" and all(e.images > 0 for e in m.executors)

@@ -363,3 +363,24 @@ def test_bench_smoke_runs_pipeline_next_to_data_parallel_and_single(tmp_path):
     assert all(r["output_ok"] for r in rows)
     pipe = next(r for r in rows if r["kind"] == "pipeline")
     assert pipe["limit_ips"] > 0 and pipe["stages"] and pipe["single_ips_same_batch"]
+
+
+@pytest.mark.gpu
+def test_a_pipeline_over_two_gpus_passes_activations_gpu_to_gpu_and_matches_the_reference():
+    """Issue 46: stages on two GPUs of one process; the cut's activations move device to device (no
+    host copy between the stages), outputs within fp32's check."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    from autohet.context import RunContext
+    from autohet.executors import ExecutorSpec
+    from autohet.models import ModelSpec
+    from autohet.pool import LocalPool, PoolSpec
+    from autohet.running import run_strategy
+    from autohet.workload import Workload, WorkloadSpec
+
+    spec = PoolSpec("gpus", [ExecutorSpec(f"gpu{g}", "gpu", (g,), g, batch=16, precision="fp32") for g in (0, 1)])
+    ctx = RunContext(ModelSpec("resnet18"), Workload.from_spec(WorkloadSpec(256, (3, 224, 224))), check_images=16,
+                     standalone_seconds=0.2)
+    m = run_strategy("pipeline", {"start": "given", "cuts": [5], "stages": [0, 1], "batch": 16}, LocalPool(spec), ctx)
+    assert m.output_ok, m.failures
+    assert {s["device"] for s in m.extra["stages"]} == {"gpu0", "gpu1"}

@@ -284,27 +284,36 @@ def _stream_check(runner, x: np.ndarray, ref: np.ndarray) -> None:
     close_to(runner(x[37:40]), ref[37:40])
 
 
-def test_a_long_stream_is_staged_window_by_window_and_a_call_from_another_thread_runs_between(tmp_path,
-                                                                                           monkeypatch):
-    """After the checked first call, a stream's windows go through ``Served.stream``: each staged (on
-    the stager's thread) before the one before it has run out, outputs in order; a call from another
-    thread mid-stream gets its own outputs; a stream closed early stops its reader and stager."""
+def test_a_long_stream_runs_a_lane_per_executor_and_a_call_from_another_thread_runs_between(tmp_path,
+                                                                                            monkeypatch):
+    """After the checked first call, a stream over two executors goes through their lanes (issue 49):
+    each window split between them once, each executor's pieces staged on its own feeder thread while its
+    lane runs the one before, outputs in order; a call from another thread mid-stream gets its own
+    outputs; a stream closed early stops its reader and stager; each executor's images and busy seconds
+    are in the stream's stats."""
+    from autohet.executors.cpu import CpuExecutor
     from autohet.strategies.data_parallel import DataParallelServed
 
-    staged_on: list[str] = []
-    real = LocalPool.stage
+    staged_on: list[tuple[str, str]] = []
+    real = CpuExecutor.stage
 
-    def stage(pool, parts):
-        staged_on.append(threading.current_thread().name)
-        return real(pool, parts)
+    def stage(ex, parts):
+        staged_on.append((ex.spec.name, threading.current_thread().name))
+        return real(ex, parts)
 
-    monkeypatch.setattr(LocalPool, "stage", stage)
+    monkeypatch.setattr(CpuExecutor, "stage", stage)
     x = np.random.default_rng(2).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
     ref = reference("lenet", x)
     with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 3}), window=4) as runner:
         assert isinstance(runner.served, DataParallelServed)
         _stream_check(runner, x, ref)
-        assert len(staged_on) >= 7 and all(name.startswith("autohet-stage") for name in staged_on)
+        assert runner.describe()["served"]["stream"] == "a lane per executor"
+        stats = runner.describe()["stream"]
+    assert len(staged_on) >= 7 and all(thread == f"autohet-{name}-feed" for name, thread in staged_on)
+    assert {name for name, _ in staged_on} == {"cpu0", "cpu1"}  # both executors got pieces
+    assert set(stats["executors"]) == {"cpu0", "cpu1"}
+    assert sum(e["images"] for e in stats["executors"].values()) >= 32 and all(
+        e["busy_s"] > 0 for e in stats["executors"].values())
 
 
 def test_a_single_config_starts_only_its_executor(tmp_path):
@@ -357,59 +366,46 @@ def _pixels(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, *input_shape("lenet")), dtype=np.uint8)
 
 
-def test_uint8_pixels_run_as_their_scaled_inputs_where_the_devices_take_float32(tmp_path):
-    """CPU executors take float32: pixels (numpy or torch uint8) are scaled on the host by the config's
-    preprocess mean and std, and give exactly the outputs of the scaled inputs; a stream mixing pixels
-    and inputs keeps its order."""
+def test_uint8_pixels_reach_each_cpu_group_as_pixels_and_are_scaled_on_its_own_thread(tmp_path, monkeypatch):
+    """Issue 49: pixels (numpy or torch uint8) go to the devices as uint8, whatever the config's mix; a
+    CPU group scales its own rows by the config's preprocess mean and std on its own thread (not the
+    caller's), for calls and for a stream's lanes, and they give the outputs of the scaled inputs; a
+    window joining pixels and inputs reaches the groups as float32 inputs, in order."""
     import torch
 
     from autohet.config import Preprocess
+    from autohet.executors.cpu import CpuExecutor
 
-    pixels = _pixels(12, 5)
+    seen: list[tuple[np.dtype, str]] = []
+    real = CpuExecutor._inputs
+
+    def spy(ex, rows):
+        seen.append((rows.dtype, threading.current_thread().name))
+        return real(ex, rows)
+
+    monkeypatch.setattr(CpuExecutor, "_inputs", spy)
+    pixels = _pixels(16, 5)
     config = RunConfig(ModelSpec("lenet"), load_pool(CPU2), "fifo", {"c": 4}, images=64,
                        preprocess=Preprocess(mean=(0.5,), std=(0.25,)))
     inputs = ((pixels.astype(np.float32) / 255 - 0.5) / 0.25).astype(np.float32)
     ref = reference("lenet", inputs)
-    with autohet.load(write_config(config, tmp_path / "lenet.yaml")) as runner:
-        close_to(runner(pixels), ref)
-        assert runner.device_pixels is False
+    with autohet.load(write_config(config, tmp_path / "lenet.yaml"), window=4) as runner:
+        seen.clear()
+        close_to(runner(pixels[:12]), ref[:12])
+        assert runner.device_pixels is True
+        assert {d for d, _ in seen} == {np.dtype(np.uint8)}
+        assert {t for _, t in seen} == {"autohet-cpu0", "autohet-cpu1"}  # each group's own thread
         out = runner(torch.from_numpy(pixels[:3]))
         assert isinstance(out, torch.Tensor)
         close_to(out.numpy(), ref[:3])
-        outs = list(runner.map([pixels[:4], inputs[4:8], pixels[8:]]))
-        close_to(np.concatenate(outs), ref)
-
-
-def test_a_pool_that_takes_pixels_gets_them_unscaled_and_scales_them_itself(tmp_path, monkeypatch):
-    """Where every executor takes pixels (a GPU), calls and stream windows of pixels reach it as uint8
-    with the config's scale, and a window joining pixels and inputs reaches it as float32 inputs. The
-    test double: CPU executors that scale the pixels of their workload themselves."""
-    from autohet.executors.cpu import CpuExecutor
-    from autohet.workload import Workload
-
-    seen: list[np.dtype] = []
-    real_set = CpuExecutor.set_workload  # a stream's windows reach it too (``use_staged`` calls it)
-
-    def scaled(ex, images):
-        seen.append(images.dtype)
-        return ex.pixel_scale.apply(images) if images.dtype == np.uint8 else images
-
-    monkeypatch.setattr(CpuExecutor, "takes_pixels", True)
-    monkeypatch.setattr(CpuExecutor, "set_workload",
-                        lambda ex, w: real_set(ex, Workload(scaled(ex, np.asarray(w.bank)), w.images)))
-    pixels = _pixels(16, 6)
-    with autohet.load(write(tmp_path, "lenet", "fifo", {"c": 4}), window=4) as runner:
-        inputs = runner._pixel_scale().apply(pixels)
-        ref = reference("lenet", inputs)
-        seen.clear()
-        close_to(runner(pixels[:5]), ref[:5])
-        assert runner.device_pixels is True and set(seen) == {np.dtype(np.uint8)}
         seen.clear()
         close_to(np.concatenate(list(runner.map([pixels[i : i + 2] for i in range(0, 16, 2)]))), ref)
-        assert len(seen) >= 8 and set(seen) == {np.dtype(np.uint8)}  # 2 executors x 4 windows at least
+        assert len(seen) >= 4 and {d for d, _ in seen} == {np.dtype(np.uint8)}  # a piece a window at least
         seen.clear()
         close_to(np.concatenate(runner._run([pixels[:3], inputs[3:6]])), ref[:6])
-        assert set(seen) == {np.dtype(np.float32)}
+        assert {d for d, _ in seen} == {np.dtype(np.float32)}
+        outs = list(runner.map([pixels[:4], inputs[4:8], pixels[8:]]))
+        close_to(np.concatenate(outs), ref)
 
 
 def test_a_window_is_handed_back_while_the_source_waits_for_it(tmp_path, monkeypatch):
@@ -480,6 +476,35 @@ def test_a_gpu_stream_of_windows_queued_back_to_back_returns_the_reference(tmp_p
         _stream_check(runner, x, reference("lenet", x))
 
 
+def _two_gpus() -> None:
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["cudagraphs", "inductor"])
+def test_two_gpus_of_one_process_run_a_call_and_a_stream_on_their_lanes_with_the_reference(tmp_path, backend):
+    """Issue 46/49: a data-parallel config over two GPUs (in-process: their loads one at a time where they
+    compile) returns the reference for a call, a stream on a lane per GPU (uint8 pixels scaled on each GPU
+    too), and a call from another thread mid-stream; both GPUs ran images of the stream."""
+    _two_gpus()
+    gpus = PoolSpec("gpus", [ExecutorSpec(f"gpu{g}", "gpu", (g,), g, batch=8, precision="fp32", backend=backend)
+                             for g in (0, 1)])
+    path = write_config(RunConfig(ModelSpec("lenet"), gpus, "fifo", {"c": 2, "unit": "batches"}, images=64),
+                        tmp_path / "gpus.yaml")
+    x = np.random.default_rng(10).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
+    with autohet.load(path, window=12) as runner:
+        _stream_check(runner, x, reference("lenet", x))
+        stats = runner.describe()["stream"]["executors"]
+        assert set(stats) == {"gpu0", "gpu1"} and all(s["images"] > 0 for s in stats.values())
+        pixels = _pixels(24, 11)
+        ref = reference("lenet", runner._pixel_scale().apply(pixels))
+        close_to(np.concatenate(list(runner.map([pixels[i : i + 4] for i in range(0, 24, 4)]))), ref)
+        assert runner.device_pixels
+
+
 def test_a_window_past_the_devices_batch_ends_at_its_last_whole_batch():
     """Requests of 64 images on a 256-image compiled batch: a window of ten ends after eight (512
     images), the last two go into the next window; sizes that never end a whole batch, a window below
@@ -503,3 +528,44 @@ def test_a_window_past_the_devices_batch_ends_at_its_last_whole_batch():
     assert sizes([100] * 6, 256) == [[100] * 6]
     assert sizes([200, 56, 300], 256) == [[200, 56], [300]]
     assert sizes([64] * 10, None) == [[64] * 10]
+
+
+def test_a_multi_executor_stream_never_restarts_its_scheduler_nor_waits_at_a_window_end(tmp_path, monkeypatch):
+    """Issue 49: a stream over a fast and a slow executor (SIMULATED, 4000 and 1000 img/s) runs no
+    scheduler per window (``drive`` only for the checked call), the fast one starts a later window's piece
+    while the slow one still runs an earlier window's (no barrier at a window's end), and the split follows
+    the measured speeds. Outputs: the image indices, in order."""
+    import time as clock
+
+    from autohet.executors.sim import SimExecutor
+    from autohet.strategies import data_parallel
+
+    drives: list[int] = []
+    real_drive = data_parallel.drive
+    monkeypatch.setattr(data_parallel, "drive", lambda *a, **k: drives.append(1) or real_drive(*a, **k))
+    spans: list[tuple[str, float, float, int]] = []
+    real_run = SimExecutor.run
+
+    def run(ex, start, size):
+        t0 = clock.perf_counter()
+        out = real_run(ex, start, size)
+        spans.append((ex.spec.name, t0, clock.perf_counter(), size))
+        return out
+
+    monkeypatch.setattr(SimExecutor, "run", run)
+    spec = PoolSpec("sims", [ExecutorSpec("fast", "sim", batch=20, speed_ips=4000.0),
+                             ExecutorSpec("slow", "sim", batch=20, speed_ips=1000.0)])
+    x = np.zeros((1200, 1, 28, 28), np.float32)
+    with autohet.load(RunConfig(ModelSpec("lenet"), spec, "fifo", {"c": 20}, images=200)) as runner:
+        runner(x[:200])  # the checked call (and load's warm-up): the tuned scheduler
+        called = len(drives)
+        spans.clear()
+        outs = list(runner.map([x[i : i + 100] for i in range(0, 1200, 100)]))
+        assert len(drives) == called  # no scheduler per window
+    # exact: simulated executors output the image indices in their window: each batch's run in order
+    assert [len(o) for o in outs] == [100] * 12 and all(np.array_equal(o[:, 0], o[0, 0] + np.arange(100)) for o in outs)
+    fast = [s for s in spans if s[0] == "fast"]
+    slow = [s for s in spans if s[0] == "slow"]
+    assert sum(s[3] for s in fast) > 2.5 * sum(s[3] for s in slow)  # shares follow the speeds (4:1)
+    overlaps = sum(1 for _, f0, _, _ in fast for _, s0, s1, _ in slow if s0 < f0 < s1)
+    assert overlaps >= 2  # the fast one kept going while the slow one ran: no barrier between windows

@@ -253,3 +253,68 @@ def test_lookahead_executor_dying_with_two_units_queued_loses_neither(name):
     assert_exactly_once_in_order(result, 6000)
     assert result.died == [False, True, False]
     assert len([f for f in result.failures if "e1 died" in f]) == 2  # the running unit and the queued one
+
+
+class _AsyncFake:
+    """A test double of an asynchronous executor (a GPU): ``launch`` queues a unit and returns, the unit
+    runs for 20 ms on its own 'device' thread, ``collect`` waits for it. Outputs: the image indices."""
+
+    launches_async = True
+
+    def __init__(self, name: str, events: list) -> None:
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+
+        from autohet.executors import ExecutorSpec
+
+        self.spec = ExecutorSpec(name, "sim", batch=10, speed_ips=500.0)
+        self.device = ThreadPoolExecutor(1)  # its units run one after another, as a GPU stream's
+        self.events, self.lock = events, threading.Lock()
+
+    def launch(self, start: int, size: int):
+        import time
+
+        with self.lock:
+            self.events.append(("launch", self.spec.name, start))
+
+        def unit():
+            time.sleep(0.02)
+            return np.arange(start, start + size, dtype=np.float32).reshape(-1, 1)
+
+        return start, self.device.submit(unit)
+
+    def collect(self, handle):
+        from autohet.executors.base import UnitResult
+
+        start, future = handle
+        outputs = future.result()
+        with self.lock:
+            self.events.append(("collected", self.spec.name, start))
+        return UnitResult(outputs, 0.02)
+
+
+def test_an_in_process_asynchronous_executor_gets_its_next_unit_while_the_current_one_runs():
+    """Issue 46: two GPUs of one process (``LocalDispatcher``) each queue their next unit before the
+    current one is collected (lookahead), so neither idles while the driver decides; every image once,
+    in order."""
+    from autohet.pool import LocalDispatcher
+    from autohet.pool.worker import Worker
+
+    events: list = []
+    fakes = [_AsyncFake(f"g{k}", events) for k in range(2)]
+    workers = [Worker(f.spec.name) for f in fakes]
+    dispatcher = LocalDispatcher(fakes, workers)
+    try:
+        strategy = get_strategy("fifo")
+        result = drive(strategy, strategy.validate({"c": 1, "unit": "batches"}), dispatcher, 200, batches=[10, 10])
+    finally:
+        for w in workers:
+            w.close()
+        for f in fakes:
+            f.device.shutdown()
+    # exact: the test double outputs the image indices
+    assert np.array_equal(result.outputs[:, 0], np.arange(200, dtype=np.float32))
+    for name in ("g0", "g1"):
+        mine = [(kind, start) for kind, who, start in events if who == name]
+        first_collect = next(k for k, (kind, _) in enumerate(mine) if kind == "collected")
+        assert [kind for kind, _ in mine[:first_collect]].count("launch") >= 2  # the next unit queued first

@@ -86,7 +86,7 @@ def test_initial_points_hold_single_per_device_kind_and_strategy_defaults():
     assert ran == [*in_space, ("eager", "fp32", False, 0)] and len(in_space) >= 6
     assert {p["strategy"] for p in points} == set(space.strategies)
     fast = next(p for p in points if p["strategy"] == "fast_split")
-    # a CPU-only pool's fixed sizes count batches, one each: the tail is one batch (data_parallel.cpu_groups_only)
+    # a CPU-only pool's fixed sizes count batches, one each: the tail is one batch (data_parallel.PoolMix.CPU_GROUPS)
     assert (fast["fast_split.w_s"], fast["fast_split.unit"], fast["exec.cpu.batch"]) == (1, "batches", 64)
     fifo = next(p for p in points if p["strategy"] == "fifo")
     assert (fifo["fifo.c"], fifo["fifo.unit"]) == (1, "batches")
@@ -458,3 +458,51 @@ def test_a_malformed_cpu_flags_override_is_one_line(monkeypatch):
     monkeypatch.setenv("AUTOHET_CPU_FLAGS", "avx512_bf16")
     with pytest.raises(UserError, match=r"'avx512_bf16' must be \+flag or -flag"):
         cpu_flags()
+
+
+def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(monkeypatch):
+    """Issue 46: on an auto pool of two GPUs (and 14 cores: CPU groups beside them) stage one is the GPU
+    alone at each backend; then fifo and fast_split over the GPUs without the CPU groups
+    (``max_cpu_groups: 0``), in whole batches, at the best single's settings; then the GPU's other
+    batches, then the CPU group's singles, then the rest."""
+    import autohet.pool.spec as pool_spec_module
+    from autohet.tuning.initial import Known, staged_points
+    from autohet.tuning.manager import regroup
+
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(16)), raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 2)
+    pool = load_pool("actors/auto.yaml")
+    assert [e.kind for e in pool.executors][:2] == ["gpu", "gpu"] and len(pool.executors) > 2
+    space = load_search_space("search_spaces").for_pool(pool)
+    first = staged_points(space, pool)
+    assert all(p["strategy"] == "single" and p["single.executor"] == 0 for p in first.singles)
+    assert {p["exec.gpu.batch"] for p in first.singles} == {256}  # each backend at the pool's batch
+    assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "inductor", "cudagraphs"]
+    together, gpu_batches, cpu_singles = first.later()[:3]
+    assert [p["strategy"] for p in together.points] == ["fifo", "fast_split"]
+    assert all(p["pool.max_cpu_groups"] == 0 for p in together.points)
+    fifo, fast = together.points
+    assert (fifo["fifo.unit"], fifo["fifo.c"]) == ("batches", 4)
+    assert (fast["fast_split.unit"], fast["fast_split.w_s"], fast["fast_split.threshold"]) == ("batches", 2, 1)
+    assert [e.kind for e in regroup(pool, {"max_cpu_groups": 0}).executors] == ["gpu", "gpu"]
+    best = {"gpu": {"exec.gpu.backend": "inductor", "exec.gpu.batch": 256}}
+    assert all(p["exec.gpu.backend"] == "inductor" for p in together.filled(Known(best)))  # the best single's
+    assert sorted(p["exec.gpu.batch"] for p in gpu_batches.points) == [64, 128, 512]
+    assert all(p["exec.gpu.backend"] == "inductor" and p["exec.gpu.batch"] != 256
+               for p in gpu_batches.filled(Known(best)))  # the best backend, each other batch
+    assert cpu_singles.points and all(p["pool.cpu_group_size"] == "all" for p in cpu_singles.points)
+    assert all(p["pool.max_cpu_groups"] == "all" for p in first.singles + cpu_singles.points)
+    assert first.all()[: len(first.singles) + 2] == first.singles + together.points
+
+
+def test_a_cpu_only_pool_has_no_max_cpu_groups_dim_and_no_gpus_together_stage(monkeypatch):
+    import autohet.pool.spec as pool_spec_module
+    from autohet.tuning.initial import staged_points
+
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 0)
+    pool = load_pool("actors/auto.yaml")
+    space = load_search_space("search_spaces")
+    assert "max_cpu_groups" in space.pool and "max_cpu_groups" not in space.for_pool(pool).pool
+    first = staged_points(space.for_pool(pool), pool)
+    assert first.gpus_together == [] and not any("pool.max_cpu_groups" in p for p in first.all())

@@ -88,8 +88,12 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
         assert run.data.tags["status"] in ("ok", "invalid", "cut", "refused")
         assert run.data.tags["valid"] == str(run.data.tags["status"] == "ok").lower()
         assert {"throughput_ips", "limit_ips", "efficiency", "objective_value",
-                "share.cpu0", "busy.cpu1", "time.acquire_s", "time.run_s", "time.standalone_s",
+                "share.cpu0", "time.acquire_s", "time.run_s", "time.standalone_s",
                 "time.trial_s"} <= set(run.data.metrics)
+        # a busy time summed from the run's units, or (split, coedge, channels: a few timed frames scaled)
+        # an estimate, logged under its own name (issue 50)
+        estimated = run.data.params["strategy"] in ("split", "coedge", "channels")
+        assert ("busy_est.cpu1" if estimated else "busy.cpu1") in run.data.metrics
         if run.data.tags["status"] == "ok":  # a true ratio: the limit bounds every executor's run speed
             assert run.data.metrics["efficiency"] <= 1.02
         phases = sum(run.data.metrics[f"time.{p}_s"] for p in ("acquire", "run", "standalone"))

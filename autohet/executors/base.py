@@ -107,6 +107,12 @@ class ExecutorSpec:
         return self.kind_type.ray_resources(self.cores, self.needs_gpu, reserve_cpus)
 
     @property
+    def compiles(self) -> bool:
+        """Its backend traces and compiles the model (inductor): dynamo's tracing patches nn.Module.__call__
+        for the whole process, so such an executor loads while no other model runs in its process."""
+        return self.backend == "inductor"
+
+    @property
     def max_unit_images(self) -> int:
         """Largest part of a work unit sent in one call: enough batches that a call's fixed cost
         (the end-of-call sync, the return) stays small next to its compute."""
@@ -236,6 +242,16 @@ class Executor(ABC):
     def use_staged(self, staged: Any) -> None:
         """Makes what ``stage`` returned the images of the next units (called between runs)."""
         self.set_workload(Workload(staged, len(staged)))
+
+    # Executors that run a stream's pieces straight from what ``stage`` made (``launch_staged``), leaving
+    # the workload their units read alone: a multi-executor stream gives each such executor a lane of its
+    # own (``autohet.pool.lanes``), and calls from other threads may run between its pieces.
+    runs_staged = False
+
+    def launch_staged(self, staged: Any, start: int, count: int) -> Any:
+        """Starts a piece of ``count`` images that ``stage`` made (``start``: its first image's index in
+        the caller's window); returns a handle for ``collect`` (a synchronous executor runs it now)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run staged pieces")
 
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs a unit, told which one comes next (asynchronous executors queue it before waiting)."""

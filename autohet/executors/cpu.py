@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from autohet.errors import UserError
@@ -199,11 +200,44 @@ class CpuExecutor(Executor):
         self._drop_ahead()  # parts announced on the old images
         super().set_workload(workload)
 
+    takes_pixels = True  # uint8 pixels scaled on the group's own thread and cores (``_inputs``)
+    runs_staged = True
+
+    def _inputs(self, rows: np.ndarray) -> np.ndarray:
+        """The model's float32 inputs: ``rows`` as they are, or uint8 pixels scaled here by ``pixel_scale``
+        (one multiply-add on this thread's intra-op team: the group's cores, not the caller's)."""
+        if rows.dtype != np.uint8:
+            return rows
+        if self.pixel_scale is None:
+            raise UserError(f"executor {self.spec.name} got uint8 pixels without a pixel scale (mean, std); "
+                            "pass float32 model inputs")
+        a, b = (torch.from_numpy(f) for f in self.pixel_scale.factors())
+        out = torch.empty(rows.shape, dtype=torch.float32)
+        torch.mul(torch.from_numpy(np.ascontiguousarray(rows)), a, out=out).add_(b)
+        return out.numpy()
+
     def _start(self, start: int, size: int) -> _Launched:
         assert self.workload is not None
+        return self._start_rows(self.workload.rows(start, size))
+
+    def _start_rows(self, rows: np.ndarray) -> _Launched:
         pin_thread(self.spec.cores)
         t0 = time.perf_counter()
-        return _Launched(self.program, self.program.launch(self.workload.rows(start, size), self.spec.batch), t0)
+        return _Launched(self.program, self.program.launch(self._inputs(rows), self.spec.batch), t0)
+
+    def launch_staged(self, staged: Any, start: int, count: int) -> Any:
+        """A stream lane's piece (the joined rows ``stage`` made): started on an asynchronous program,
+        run now on a synchronous one."""
+        rows = np.asarray(staged)[:count]
+        if self.program.asynchronous:
+            return self._start_rows(rows)
+        return self._run_rows(rows)
+
+    def _run_rows(self, rows: np.ndarray) -> UnitResult:
+        pin_thread(self.spec.cores)
+        t0 = time.perf_counter()
+        outputs = self.program.run(self._inputs(rows), self.spec.batch)
+        return UnitResult(outputs, time.perf_counter() - t0)
 
     def launch(self, start: int, size: int) -> Any:
         """An asynchronous program's unit started (collected by ``collect``); a synchronous one's run now."""
@@ -235,10 +269,7 @@ class CpuExecutor(Executor):
             self._drop_ahead()  # a part announced by an earlier caller: its pieces would run first
             return self.collect(self._start(start, size))
         assert self.workload is not None
-        pin_thread(self.spec.cores)
-        t0 = time.perf_counter()
-        outputs = self.program.run(self.workload.rows(start, size), self.spec.batch)
-        return UnitResult(outputs, time.perf_counter() - t0)
+        return self._run_rows(self.workload.rows(start, size))
 
     def run_ahead(self, start: int, size: int, following: tuple[int, int] | None) -> UnitResult:
         """Runs [start, start+size), already queued where the previous call announced it, and with an

@@ -272,22 +272,22 @@ class GpuExecutor(Executor):
             self._banks = {d: b for d, b in self._banks.items() if d == torch.float32} | {dtype: bank}
         return self._banks[dtype]
 
-    def _sources(self, start: int, n: int) -> list[tuple[int, torch.Tensor]]:
-        """(dest_offset, host rows) pieces of images [start, start+n): slices of the bank, or of the
-        parts a window left in place."""
+    def _sources(self, bank: torch.Tensor | _InPlaceParts, start: int, n: int) -> list[tuple[int, torch.Tensor]]:
+        """(dest_offset, host rows) pieces of images [start, start+n) of ``bank``: its slices, or those of
+        the parts a window left in place."""
         out = []
-        for row, dest, count in self._segments(start, n):
-            if isinstance(self.bank, _InPlaceParts):
-                for rows in self.bank.rows(row, count):
+        for row, dest, count in self._segments(bank, start, n):
+            if isinstance(bank, _InPlaceParts):
+                for rows in bank.rows(row, count):
                     out.append((dest, rows))
                     dest += int(rows.shape[0])
             else:
-                out.append((dest, self.bank[row : row + count]))
+                out.append((dest, bank[row : row + count]))
         return out
 
-    def _segments(self, start: int, n: int) -> list[tuple[int, int, int]]:
+    def _segments(self, bank: torch.Tensor | _InPlaceParts, start: int, n: int) -> list[tuple[int, int, int]]:
         """(bank_row, dest_offset, count) pieces of images [start, start+n) in the cyclic bank."""
-        rows = self.bank.shape[0]
+        rows = bank.shape[0]
         out, done = [], 0
         while done < n:
             row = (start + done) % rows
@@ -322,6 +322,16 @@ class GpuExecutor(Executor):
         collecting this one (``run_ahead``, ``standalone_ips``) keeps the GPU busy through the
         end-of-call wait, the output copy and the actor's return.
         """
+        return self._launch(self.bank, start, size)
+
+    runs_staged = True
+
+    def launch_staged(self, staged: torch.Tensor | _InPlaceParts, start: int, count: int) -> _Launched:
+        """A stream lane's piece, copied from the pinned rows ``stage`` made (the workload's bank, which
+        calls from other threads use, is left alone)."""
+        return self._launch(staged, 0, count)
+
+    def _launch(self, bank: torch.Tensor | _InPlaceParts, start: int, size: int) -> _Launched:
         batch = self.spec.batch
         fixed = self.spec.backend == "inductor"  # one compiled shape: every batch runs full
         with torch.inference_mode():
@@ -334,11 +344,11 @@ class GpuExecutor(Executor):
                 padded = batch if fixed else padded_batch(n, batch)  # rows n..padded: stale inputs, dropped
                 slot = self._slot
                 self._slot ^= 1
-                pixels = self.bank.dtype == torch.uint8
+                pixels = bank.dtype == torch.uint8
                 landing = self._pixel_buffers()[0][slot] if pixels else self.dev_in[slot]
                 with torch.cuda.stream(self.copy_stream):
                     self.copy_stream.wait_event(self.consumed[slot])
-                    for dest, rows in self._sources(start + offset, n):
+                    for dest, rows in self._sources(bank, start + offset, n):
                         landing[dest : dest + int(rows.shape[0])].copy_(rows, non_blocking=True)
                     self.copied[slot].record(self.copy_stream)
                 with torch.cuda.stream(self.compute_stream):
@@ -355,7 +365,7 @@ class GpuExecutor(Executor):
                     outputs[offset : offset + n].copy_(y, non_blocking=True)
             end.record(self.compute_stream)
         assert outputs is not None
-        return _Launched(outputs, begin, end, self.bank)
+        return _Launched(outputs, begin, end, bank)
 
     def _pixel_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Two device buffers the uint8 pixels land in, two the scaled inputs are written to in the

@@ -36,6 +36,11 @@ class SimExecutor(Executor):
         """Seconds a unit of ``size`` images takes: overhead + size / speed."""
         return self.spec.overhead_s + size / self.spec.speed_ips
 
+    runs_staged = True
+
+    def launch_staged(self, staged: object, start: int, count: int) -> UnitResult:
+        return self.run(start, count)
+
     def run(self, start: int, size: int) -> UnitResult:
         self.units += 1
         die_after = self.spec.extra.get("die_after_units")

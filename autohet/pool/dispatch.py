@@ -185,34 +185,80 @@ class VirtualClockDispatcher(Dispatcher):
 
 class LocalDispatcher(Dispatcher):
     """Executors in this process, each run on its own worker thread (torch releases the GIL inside
-    its kernels)."""
+    its kernels).
+
+    An asynchronous executor (``launches_async``: a GPU) takes its next unit while the current one
+    runs (lookahead): its worker thread only queues units (``launch``), and a collector thread of its
+    own waits for each in turn (``collect``) and reports it, so the device runs the next unit's work
+    queued behind the current one's instead of idling while this thread decides. Two GPUs of one process
+    then each keep a unit in flight, their host work (a few launches a batch) on their own threads."""
 
     def __init__(self, executors: list[Executor], workers: list[Any]) -> None:
-        super().__init__([e.spec.name for e in executors])
+        super().__init__([e.spec.name for e in executors], [e.launches_async for e in executors])
         self.executors = executors
         self.workers = workers
         self.results: queue.Queue[Completion] = queue.Queue()
         self.t0 = time.perf_counter()
+        self._collectors: dict[int, Any] = {}
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def _failed(self, executor: int, start: int, size: int, submitted: float, exc: Exception) -> None:
+        """A unit reported as failed, re-dispatched by the driver."""
+        self.results.put(Completion(executor, start, size, submitted, self.now(), 0.0,
+                                    error=f"{type(exc).__name__}: {exc}"))
+
     def _submit(self, executor: int, start: int, size: int) -> None:
         submitted = self.now()
+        ex = self.executors[executor]
+        if ex.launches_async:
+            self.workers[executor].submit(lambda: self._launch(executor, start, size, submitted))
+            return
 
         def work() -> None:
             try:
-                result = self.executors[executor].run(start, size)
+                result = ex.run(start, size)
                 self.results.put(Completion(executor, start, size, submitted, self.now(), result.compute_s,
                                             result.outputs))
             except Exception as exc:  # reported as a failed unit, re-dispatched by the driver
-                self.results.put(Completion(executor, start, size, submitted, self.now(), 0.0,
-                                            error=f"{type(exc).__name__}: {exc}"))
+                self._failed(executor, start, size, submitted, exc)
 
         self.workers[executor].submit(work)
+
+    def _launch(self, executor: int, start: int, size: int, submitted: float) -> None:
+        """On the executor's worker: the unit queued on the device, its collection handed to the collector."""
+        ex = self.executors[executor]
+        try:
+            handle = ex.launch(start, size)
+        except Exception as exc:
+            self._failed(executor, start, size, submitted, exc)
+            return
+
+        def collect() -> None:
+            try:
+                result = ex.collect(handle)
+                self.results.put(Completion(executor, start, size, submitted, self.now(), result.compute_s,
+                                            result.outputs))
+            except Exception as exc:
+                self._failed(executor, start, size, submitted, exc)
+
+        self._collector(executor).submit(collect)
+
+    def _collector(self, executor: int) -> Any:
+        if executor not in self._collectors:
+            from autohet.pool.worker import Worker
+
+            self._collectors[executor] = Worker(f"{self.names[executor]}-collect")
+        return self._collectors[executor]
 
     def _wait_any(self, timeout: float | None = None) -> Completion | None:
         try:
             return self.results.get(timeout=timeout)
         except queue.Empty:  # the unit's thread keeps running: in-process work cannot be cancelled
             return None
+
+    def close(self) -> None:
+        for worker in self._collectors.values():
+            worker.close(wait_s=2.0)
+        self._collectors = {}

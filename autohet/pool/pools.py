@@ -7,8 +7,8 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -20,6 +20,9 @@ from autohet.pool.spec import PoolSpec
 from autohet.pool.worker import Worker
 from autohet.ray_runtime import get_interruptibly, wait_interruptibly
 from autohet.workload import PixelScale, Workload
+
+if TYPE_CHECKING:
+    from autohet.pool.lanes import Lanes
 
 __all__ = ["Identity", "LocalPool", "Pool", "RayPool", "StreamStats", "VirtualPool", "identity"]
 
@@ -61,6 +64,8 @@ class StreamStats:
     wait_s: float = 0.0
     stage_s: float = 0.0
     device_s: float = 0.0
+    # a stream over several executors (``autohet.pool.lanes``): each one's images and busy seconds
+    executors: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 class Pool(ABC):
@@ -109,6 +114,11 @@ class Pool(ABC):
         """Whether every executor takes uint8 pixels and scales them itself (then they do, by ``scale``);
         else calls keep float32 inputs. Executors behind Ray take float32."""
         return False
+
+    def lanes(self, speeds: list[float | None], alive: list[bool]) -> Lanes | None:
+        """A stream over every executor, each on a lane of its own (``autohet.pool.lanes``), where this
+        pool's executors can run staged pieces; else None (its streams go window by window)."""
+        return None
 
     def stage(self, parts: list[np.ndarray]) -> Any:
         """A stream's next call made ready while the current one runs (``use_staged`` then gives it to the
@@ -162,11 +172,17 @@ class LocalPool(Pool):
         self.workers = [Worker(s.name) for s in self.spec.executors]
         # GPU executors load (and capture their CUDA graphs) before the others convert their models: on
         # the H200 box a GPU's graph capture beside an ONNX Runtime group's export (torch.export, on
-        # another thread of this process) failed with cuDNN's FIND inside the capture, twice
+        # another thread of this process) failed with cuDNN's FIND inside the capture, twice. An executor
+        # that compiles (inductor) loads alone: dynamo's tracing patches nn.Module.__call__ for the whole
+        # process, and two GPUs compiling at once on the 2-GPU H200 box failed ("Detected that you are
+        # using FX to symbolically trace a dynamo-optimized function")
         for gpu_phase in (True, False):
-            loads = [w.submit(lambda ex=ex: ex.load(workload))
-                     for w, ex, s in zip(self.workers, self.executors, self.spec.executors, strict=True)
+            phase = [(w, ex) for w, ex, s in zip(self.workers, self.executors, self.spec.executors, strict=True)
                      if s.uses_gpu == gpu_phase]
+            for w, ex in phase:
+                if ex.spec.compiles:
+                    w.call(lambda ex=ex: ex.load(workload))
+            loads = [w.submit(lambda ex=ex: ex.load(workload)) for w, ex in phase if not ex.spec.compiles]
             for future in loads:
                 future.result()
         self.started_for = (model, workload.images)
@@ -241,6 +257,14 @@ class LocalPool(Pool):
                 for handle in launched:  # memory is let go (a window may be read in place)
                     with contextlib.suppress(Exception):
                         worker.call(lambda h=handle: ex.collect(h))
+
+    def lanes(self, speeds: list[float | None], alive: list[bool]) -> Lanes | None:
+        executors = getattr(self, "executors", [])
+        if len(executors) < 2 or not all(ex.runs_staged for ex in executors):
+            return None
+        from autohet.pool.lanes import Lanes
+
+        return Lanes(executors, self.workers, speeds, alive)
 
     def accept_pixels(self, scale: PixelScale) -> bool:
         if not self.executors or not all(ex.takes_pixels for ex in self.executors):

@@ -141,6 +141,7 @@ def detect_executors(cores: list[int], gpus: int, settings: dict[str, Any], node
             params = {**gpu_params, "sms": sm_shares[g] if parts > 1 else gpu_params.get("sms")}
             out.append(ExecutorSpec(name, "gpu", feed, g, node=node, **params))
     limit = settings.get("max_cpu_groups")
+    limit = None if limit == "all" else limit  # every group (a tune's pool dim names it so)
     if group == "all":  # one group of every core the GPUs leave: a backend's streams spread over them all
         group = max(1, len(free))
     for k, first in enumerate(range(0, len(free), group)):

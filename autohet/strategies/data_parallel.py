@@ -9,6 +9,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from autohet.pool import Pool, PoolSpec
 
 __all__ = ["ChunkScheduler", "DataParallelServed", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler",
-           "HatScheduler", "QuickScheduler", "SingleScheduler", "StaticScheduler"]
+           "HatScheduler", "PoolMix", "QuickScheduler", "SingleScheduler", "StaticScheduler", "pool_suited"]
 
 Plan = list[tuple[int, int]]
 
@@ -39,28 +40,45 @@ UNIT = ChoiceParam("unit", "images", choices=("images", "batches"),
                    help="fixed sizes count images (the seed's rule) or batches of each executor")
 
 
-def mixed_speeds(spec: PoolSpec) -> bool:
-    """Whether the pool mixes GPUs and CPU groups: devices ~100-1000x apart in speed, where the
-    seed's fixed image counts (right for its Caffe/GTX machines) give a CPU group minutes of work."""
-    return any(e.uses_gpu for e in spec.executors) and not all(e.uses_gpu for e in spec.executors)
+class PoolMix(Enum):
+    """What a pool's executors are, as the schedulers' suggested defaults see it (``pool_suited``).
+
+    ``MIXED``: GPUs beside CPU groups, devices ~100-1000x apart in speed, where the seed's fixed image
+    counts (right for its Caffe/GTX machines) give a CPU group minutes of work. ``GPUS``: every executor
+    a GPU (a host's several GPUs): a unit must be whole batches (an inductor executor runs a partial batch
+    padded to its compiled one: fifo's 128 images on two H200s at batch 256 ran at 1.04x one GPU), and a
+    GPU's unit should be tens of milliseconds so its dispatch stays small. ``CPU_GROUPS``: every executor a
+    CPU core group, where a batch is 0.05-3 s of work (batch 16 on one core of the 2-core box: 0.8 s of
+    resnet18, 3 s of vgg16), so a unit of one batch costs little in dispatch and caps the tail at one
+    batch, where the seed's 64-128-image units are 4-8 batches: in a tune's 128-image trial over two 1-core
+    groups, fifo's 128 went to one group alone (0.45 of the limit), and the tune exported quick. Over the
+    same groups, fifo at one batch ran 0.90-1.11x ONNX Runtime's own two threads on resnet18, median 1.02 in
+    nine rounds by turns (BENCHMARKS 29). ``OTHER``: simulated executors, one GPU alone: the seed's sizes."""
+
+    MIXED = "mixed"
+    GPUS = "gpus"
+    CPU_GROUPS = "cpu_groups"
+    OTHER = "other"
+
+    @classmethod
+    def of(cls, spec: PoolSpec) -> PoolMix:
+        execs = spec.executors
+        gpus = sum(1 for e in execs if e.uses_gpu)
+        if gpus and gpus < len(execs):
+            return cls.MIXED
+        if gpus > 1 and all(e.is_gpu for e in execs):
+            return cls.GPUS
+        if execs and all(e.is_cpu for e in execs):
+            return cls.CPU_GROUPS
+        return cls.OTHER
 
 
-def cpu_groups_only(spec: PoolSpec) -> bool:
-    """Whether every executor is a CPU core group. A batch there is 0.05-3 s of work (batch 16 on one
-    core of the 2-core box: 0.8 s of resnet18, 3 s of vgg16), so a unit of one batch costs little in
-    dispatch and caps the tail at one batch, where the seed's 64-128-image units are 4-8 batches: in a
-    tune's 128-image trial over two 1-core groups, fifo's 128 went to one group alone (0.45 of the
-    limit), and the tune exported quick. Over the same groups, fifo at one batch ran 0.90-1.11x ONNX
-    Runtime's own two threads on resnet18, median 1.02 in nine rounds by turns (BENCHMARKS 29)."""
-    return bool(spec.executors) and all(e.is_cpu for e in spec.executors)
-
-
-def pool_suited(spec: PoolSpec, mixed: dict[str, Any], cpu_only: dict[str, Any]) -> dict[str, Any]:
-    """A scheduler's suggested defaults: ``mixed`` where GPUs and CPU groups mix (``mixed_speeds``),
-    ``cpu_only`` where every executor is a CPU group (``cpu_groups_only``), else none (the seed's)."""
-    if mixed_speeds(spec):
-        return mixed
-    return cpu_only if cpu_groups_only(spec) else {}
+def pool_suited(spec: PoolSpec, mixed: dict[str, Any], cpu_only: dict[str, Any],
+                gpus: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A scheduler's suggested defaults for the pool's ``PoolMix``: ``mixed``, ``cpu_only`` or ``gpus``
+    (default: ``mixed``'s, sizes in batches), else none (the seed's)."""
+    return {PoolMix.MIXED: mixed, PoolMix.CPU_GROUPS: cpu_only,
+            PoolMix.GPUS: mixed if gpus is None else gpus}.get(PoolMix.of(spec), {})
 
 
 class DataParallelStrategy(Strategy):
@@ -95,7 +113,7 @@ class DataParallelStrategy(Strategy):
     def slow_hint(self, pool: Pool, params: dict[str, Any]) -> str:
         """What to change when a run of these params is too slow (named in the timeout error)."""
         sizes = {k: v for k, v in params.items() if k in ("p", "c", "w_s", "w", "s")}
-        if params.get("unit") == "images" and mixed_speeds(pool.spec):
+        if params.get("unit") == "images" and PoolMix.of(pool.spec) is PoolMix.MIXED:
             return (f"a fixed size of {', '.join(f'{k}={v}' for k, v in sizes.items())} images is minutes of work "
                     "for a CPU group next to a GPU; try --set unit=batches (sizes then count each executor's "
                     "batches) or smaller sizes")
@@ -118,6 +136,8 @@ class DataParallelServed(Served):
         self.cores = frozenset(c for e in pool.spec.executors if e.node is None for c in e.cores)  # this node's
         self.alive = [True] * len(pool)
         self.deaths: list[str] = []
+        self.speeds: list[float | None] = [None] * len(pool)  # each executor's img/s in the calls so far
+        self._lanes: Any = None
 
     def __call__(self, images: np.ndarray) -> np.ndarray:
         return self._drive(self.pool.set_workload(Workload(images, len(images))), len(images))
@@ -133,6 +153,9 @@ class DataParallelServed(Served):
                        alive=self.alive)
         self.deaths += result.failures
         self.alive = [not died for died in result.died]
+        for i, (n, busy) in enumerate(zip(result.images_by_executor, result.busy_by_executor, strict=True)):
+            if n and busy > 0:
+                self.speeds[i] = n / busy
         assert result.outputs is not None
         return result.outputs
 
@@ -153,6 +176,11 @@ class DataParallelServed(Served):
                 self.deaths.append(f"executor {self.pool.names[0]} failed: {type(exc).__name__}: {exc}")
                 raise UserError(f"every executor died before the work was done: {self.deaths[-1]}") from exc
             return
+        if self._lanes is None:
+            self._lanes = self.pool.lanes(self.speeds, self.alive)
+        if self._lanes is not None:  # several in-process executors: a lane each, the speeds kept
+            yield from self._through_lanes(windows)
+            return
         source = iter(windows)
 
         def next_staged() -> tuple[Any, int] | None:
@@ -168,12 +196,33 @@ class DataParallelServed(Served):
                     outputs = self._drive(self.pool.use_staged(staged), images)
                 yield outputs
 
+    def _through_lanes(self, windows: Iterable[list[np.ndarray]]) -> Iterator[np.ndarray]:
+        """The stream on the executors' lanes (``autohet.pool.lanes``); deaths and speeds carried back."""
+        lanes, stats = self._lanes, self.pool.stream_stats
+        seen = len(lanes.deaths)
+        staged = lanes.stage_s
+        try:
+            for outputs in lanes.run(windows):
+                stats.windows += 1
+                stats.images += len(outputs)
+                yield outputs
+        finally:
+            stats.stage_s += lanes.stage_s - staged
+            stats.executors = {name: {"images": s.images, "busy_s": s.busy_s, "pieces": s.pieces}
+                               for name, s in lanes.stats().items()}
+            self.deaths += lanes.deaths[seen:]
+            self.alive = lanes.alive
+
     def accept_pixels(self, scale: PixelScale) -> bool:
         return self.pool.accept_pixels(scale)
 
     def describe(self) -> dict[str, Any]:
         return {"executors": [e.device for e in self.pool.spec.executors], "strategy": self.strategy.name,
-                "params": self.params}
+                "params": self.params, "stream": "a lane per executor" if self._lanes is not None else "by window"}
+
+    def close(self) -> None:
+        if self._lanes is not None:
+            self._lanes.close()
 
 
 class SingleScheduler(DataParallelStrategy):
@@ -260,9 +309,10 @@ class ChunkScheduler(DataParallelStrategy):
     params = {"w": IntParam("w", 512, low=1, high=1000000, help="images per round")}
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        # round 1 is split equally: about one batch per executor, not 512 images on a one-core group
-        one_each = {"w": sum(e.batch for e in spec.executors)}
-        return pool_suited(spec, one_each, one_each)
+        # round 1 is split equally: about one batch per executor, not 512 images on a one-core group; GPUs
+        # alike in speed get eight batches each a round (a barrier per batch would idle them at every one)
+        batches = sum(e.batch for e in spec.executors)
+        return pool_suited(spec, {"w": batches}, {"w": batches}, {"w": 8 * batches})
 
     def assign(self, state: SchedState, idle: list[int], params: dict[str, Any]) -> Plan:
         total = min(params["w"], state.remaining)

@@ -140,12 +140,21 @@ class Stage(NamedTuple):
 class FirstPoints:
     """Stage one (singles, run first), the CPU group's best variant at the other batch choices
     (``batches``), the split probes (``probes``), then stage two (strategies); each stage after the
-    first is filled from what the ones before it measured."""
+    first is filled from what the ones before it measured.
+
+    On a pool of several GPUs stage one is each GPU setting's single alone (its backends), then every
+    GPU together (``gpus_together``: data-parallel over the GPUs without the CPU groups, at the best
+    single's settings), then the GPU's other batches (``gpu_batches``) and the CPU group's singles
+    (``cpu_singles``), then the rest as on one GPU: where dividing the work pays (two H200s: one
+    torch.compile process each ran 2.0x one), it is measured right after the GPUs' own speed."""
 
     singles: list[dict[str, Any]]
     strategies: list[dict[str, Any]]
     batches: list[dict[str, Any]] = field(default_factory=list)
     probes: list[dict[str, Any]] = field(default_factory=list)
+    gpus_together: list[dict[str, Any]] = field(default_factory=list)
+    gpu_batches: list[dict[str, Any]] = field(default_factory=list)
+    cpu_singles: list[dict[str, Any]] = field(default_factory=list)
 
     def later(self) -> list[Stage]:
         """The stages after the first, in order (``StagedSearch``). With split probes the strategies take
@@ -153,12 +162,20 @@ class FirstPoints:
         a README-job tune on the 2-core box, vgg16's batch stage took 170 s (NNPACK's layers timed at batch
         64, then 4) of the 585 s, for 5.22 img/s at 64 against 5.25 at 16 (BENCHMARKS 30)."""
         batches = Stage(self.batches, frozenset({"exec.cpu.batch"}))
+        gpus = [Stage(self.gpus_together), Stage(self.gpu_batches, frozenset({"exec.gpu.batch"})),
+                Stage(self.cpu_singles, _CPU_KEYS)] if self.gpus_together else []
         if self.probes:
-            return [Stage(self.probes, per_close_cpu=True), Stage(self.strategies), batches]
-        return [batches, Stage(self.strategies)]
+            return [*gpus, Stage(self.probes, per_close_cpu=True), Stage(self.strategies), batches]
+        return [*gpus, batches, Stage(self.strategies)]
 
     def all(self) -> list[dict[str, Any]]:
         return self.singles + [point for stage in self.later() for point in stage.points]
+
+
+# a CPU single's own variant: kept when its stage is filled with the GPUs' best settings
+_CPU_KEYS = frozenset(f"exec.cpu.{name}" for name in ("batch", *CpuVariant._fields))
+# the data-parallel strategies that run the GPUs together first: no barrier, whole batches a unit
+_TOGETHER = ("fifo", "fast_split")
 
 
 def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
@@ -178,6 +195,8 @@ def _exec_defaults(space: SearchSpace, pool: PoolSpec) -> dict[str, Any]:
                 value = GPU_BOX_GROUP if any(e.is_gpu for e in pool.executors) else 1
             if name == "gpu_partitions" and value is None:  # auto's default: whole GPUs. Left to the
                 value = 1  # sampler, the first points flipped topologies, each restarting the GPU's actor
+            if name == "max_cpu_groups" and value is None:  # auto's default: every group
+                value = "all"
             if dim.contains(value):
                 out[f"pool.{name}"] = value
     return out
@@ -299,20 +318,42 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
             singles += _gpu_singles(space, i, defaults, mode)
         else:
             singles.append({"strategy": "single", "single.executor": i, **defaults})
-    singles += _cpu_singles(space, pool, defaults)
+    cpu_singles = _cpu_singles(space, pool, defaults)
     batches = [] if RunMode(mode).per_request else _cpu_batches(space, pool, defaults)
-    strategies = []
-    for name, dims in space.strategies.items():
-        if name == "single":
-            continue
-        strategy = get_strategy(name)
-        values = strategy.validate(strategy.defaults_for(pool, {}))
-        point = {"strategy": name, **defaults}
-        point.update({f"{name}.{p}": values[p] for p, dim in dims.items()
-                      if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
-        strategies.append(point)
+    strategies = [_strategy_point(space, name, pool, defaults, ctx) for name in space.strategies if name != "single"]
     probes = [] if RunMode(mode).per_request else _split_probes(space, pool, strategies)
-    return FirstPoints(singles, strategies, batches, probes)
+    together = [] if RunMode(mode).per_request else _gpus_together(space, pool, defaults, ctx)
+    if not together:
+        return FirstPoints(singles + cpu_singles, strategies, batches, probes)
+    backends = [p for p in singles if "exec.gpu.batch" not in p or p["exec.gpu.batch"] == defaults.get(
+        "exec.gpu.batch")]
+    return FirstPoints(backends, strategies, batches, probes, together,
+                       [p for p in singles if p not in backends], cpu_singles)
+
+
+def _strategy_point(space: SearchSpace, name: str, pool: PoolSpec, defaults: dict[str, Any],
+                    ctx: SpaceContext | None, pool_dims: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``name`` at the defaults that suit ``pool`` (values outside the space left to the sampler)."""
+    strategy = get_strategy(name)
+    values = strategy.validate(strategy.defaults_for(pool, {}))
+    point = {"strategy": name, **defaults, **(pool_dims or {})}
+    point.update({f"{name}.{p}": values[p] for p, dim in space.strategies[name].items()
+                  if not dim.vector and dim.when is None and dim.contains(values[p], ctx)})
+    return point
+
+
+def _gpus_together(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any],
+                   ctx: SpaceContext | None) -> list[dict[str, Any]]:
+    """Where the auto pool has several GPUs and the space can leave its CPU groups out: each of
+    ``_TOGETHER`` over the GPUs alone, at the defaults that suit GPUs (``PoolMix.GPUS``)."""
+    groups = space.pool.get("max_cpu_groups")
+    if not pool.auto or groups is None or not groups.contains(0) or sum(1 for e in pool.executors if e.is_gpu) < 2:
+        return []
+    from autohet.tuning.manager import regroup
+
+    gpus = regroup(pool, {"max_cpu_groups": 0})
+    return [_strategy_point(space, name, gpus, defaults, ctx, {"pool.max_cpu_groups": 0})
+            for name in _TOGETHER if name in space.strategies]
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,

@@ -29,7 +29,7 @@ from autohet.errors import UserError
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
 from autohet.objectives import RunMode
 from autohet.params import Param
-from autohet.pool.spec import POOL_DIMS
+from autohet.pool.spec import POOL_DIMS, PoolSpec
 from autohet.strategies import get_strategy, strategy_names
 from autohet.tuning.dims import CategoricalDim, Dim, FloatDim, IntDim, SpaceContext, parse_dim
 from autohet.yaml_files import read_yaml_mapping
@@ -146,6 +146,14 @@ class SearchSpace:
                     dim = replace(dim, choices=tuple(keep or dim.choices[:1]))
                 executors[kind][name] = dim
         return SearchSpace(self.strategies, executors, self.pool), notes
+
+    def for_pool(self, spec: PoolSpec) -> SearchSpace:
+        """The space without pool dims that cannot vary this pool: ``max_cpu_groups`` where it has no GPU
+        (without its CPU groups it would have no executor)."""
+        if any(e.uses_gpu for e in spec.executors):
+            return self
+        pool = {k: v for k, v in self.pool.items() if k != "max_cpu_groups"}
+        return SearchSpace(self.strategies, self.executors, pool)
 
     def define(self, trial: Any, ctx: SpaceContext) -> None:
         """The define-by-run function body: strategy first, then its params (gates before the dims

@@ -254,8 +254,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                                      "executor_ips": {e.name: e.standalone_ips for e in m.executors
                                                       if e.standalone_ips > 0}})
     result = trial_metrics(m)
-    result.update({TrialKey.REFERENCE: ctx.reference_stats["seconds"],
-                   TrialKey.REFERENCE_COMPUTED: int(ctx.reference_stats["computed"]),
+    phases[TrialKey.REFERENCE] = ctx.reference_stats["seconds"]  # a phase of the run: inside RUN
+    result.update({TrialKey.REFERENCE_COMPUTED: int(ctx.reference_stats["computed"]),
                    TrialKey.REFERENCE_REUSED: int(ctx.reference_stats["reused"])})
     result.update(status=status, strategy=strategy, params_json=json.dumps(m.params),
                   measurement=m.to_json(timeline=True),

@@ -136,6 +136,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     space = _search_space(settings)
     _start_ray(address)
     pool = _start_pool(model, settings, address, exp.name, data_seed, npy)
+    space = space.for_pool(pool.spec)
     stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
     try:
         plan = _size_trials(model, settings, pool, exp.state if resume else None)

@@ -1,0 +1,326 @@
+"""A stream over several in-process executors: each executor runs its own continuous lane (issue 49).
+
+Run window by window through the tuned scheduler, a stream of a GPU beside a CPU group ran at 0.24x its
+tuned run on the H100 box: each window started the scheduler (its probes) again and ended on a barrier
+where the GPU waited for the CPU group's last unit. Here a window's images are split once, in whole
+batches, so that every executor ends its queue at the same time (``even_finish_shares`` over each lane's
+speed, measured on its pieces so far, and the work it has queued), in pieces of at most a unit each, and
+each executor runs its pieces back to back: its own feeder thread stages the next piece while the current
+one runs, an asynchronous executor (a GPU) queues it before the current one is collected. No executor
+waits for another at a window's end, and the speeds carry from window to window. A window's outputs come
+back, in order, once every lane has run its pieces of it. A piece whose executor fails is staged again on
+the fastest live lane.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from autohet.errors import UserError
+from autohet.planners.shares import even_finish_shares
+
+__all__ = ["LaneStats", "Lanes", "slice_parts", "whole_batch_shares"]
+
+SPEED_PIECES = 8  # a lane's speed: its images over its busy seconds in its last pieces
+PIECES_AHEAD = 2  # pieces a lane holds staged or running (a GPU stages by turns into two pinned buffers)
+WINDOWS_AHEAD = 3  # windows split and queued before the first of them is handed back
+
+
+def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndarray]:
+    """Rows [start, start + count) of the parts taken one after another, as views."""
+    out, offset = [], 0
+    for part in parts:
+        lo, hi = max(start, offset), min(start + count, offset + len(part))
+        if lo < hi:
+            out.append(part[lo - offset : hi - offset])
+        offset += len(part)
+    return out
+
+
+def whole_batch_shares(shares: list[float], batches: list[int], total: int) -> list[int]:
+    """``shares`` (images each, summing to ``total``) rounded to whole batches of each executor: each
+    gets its share's whole batches, then the images left go a batch at a time to whoever lacks most of
+    its share; only the last of them may be a partial batch."""
+    out = [int(math.floor(s / b)) * b if s > 0 else 0 for s, b in zip(shares, batches, strict=True)]
+    left = total - sum(out)
+    while left > 0:
+        i = max(range(len(out)), key=lambda k: (shares[k] - out[k]) / batches[k])
+        take = min(batches[i], left)
+        out[i] += take
+        left -= take
+    return out
+
+
+@dataclass
+class LaneStats:
+    """One lane's part of a stream: its images and busy seconds (from a piece's start, or the end of the
+    piece before it, to its collection), so a loss shows where it sits."""
+
+    images: int = 0
+    busy_s: float = 0.0
+    pieces: int = 0
+
+
+@dataclass
+class _Window:
+    parts: list[np.ndarray]
+    images: int
+    left: int
+    outputs: np.ndarray | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _Lane:
+    """One executor: its pieces staged in order by its feeder, started on its worker, collected in order
+    on its collector."""
+
+    def __init__(self, executor: Any, worker: Any, speed: float | None, alive: bool) -> None:
+        from autohet.pool.worker import Worker
+
+        self.executor, self.worker = executor, worker
+        name = executor.spec.name
+        self.feeder, self.collector = Worker(f"{name}-feed"), Worker(f"{name}-collect")
+        self.slots = threading.Semaphore(PIECES_AHEAD)
+        self.queued = 0  # images assigned and not yet collected
+        self.alive = alive
+        self.free_at = 0.0  # when its last piece was collected
+        self.recent: deque[tuple[int, float]] = deque(maxlen=SPEED_PIECES)
+        self.prior = speed
+        self.stats = LaneStats()
+
+    @property
+    def speed(self) -> float | None:
+        images = sum(n for n, _ in self.recent)
+        seconds = sum(s for _, s in self.recent)
+        return images / seconds if seconds > 0 else self.prior
+
+    def close(self) -> None:
+        self.feeder.close(wait_s=2.0)
+        self.collector.close(wait_s=2.0)
+
+
+@dataclass
+class _Piece:
+    """Images [start, start + count) of a window, for one lane."""
+
+    window: _Window
+    start: int
+    count: int
+    lane: _Lane
+
+
+class Lanes:
+    """``run(windows)``: each window's outputs, in order (see the module doc). ``speeds``: each executor's
+    images/s to start from (a call's); None where unknown (the others' mean)."""
+
+    def __init__(self, executors: list[Any], workers: list[Any], speeds: list[float | None],
+                 alive: list[bool] | None = None) -> None:
+        self.lanes = [_Lane(ex, w, v, up) for ex, w, v, up in
+                      zip(executors, workers, speeds, alive or [True] * len(executors), strict=True)]
+        self.deaths: list[str] = []
+        self._changed = threading.Condition()
+        self._error: BaseException | None = None
+        self._stop = threading.Event()
+        self.stage_s = 0.0
+        self.classes = 0  # the outputs' width, once a piece came back
+
+    def stats(self) -> dict[str, LaneStats]:
+        return {lane.executor.spec.name: lane.stats for lane in self.lanes}
+
+    @property
+    def alive(self) -> list[bool]:
+        return [lane.alive for lane in self.lanes]
+
+    def close(self) -> None:
+        for lane in self.lanes:
+            lane.close()
+
+    # --- the consumer's side --------------------------------------------------------------------------
+
+    def run(self, windows: Iterable[list[np.ndarray]]) -> Iterator[np.ndarray]:
+        order: deque[_Window] = deque()
+        self._stop.clear()
+        self._error = None
+        splitter = threading.Thread(target=self._split_all, args=(iter(windows), order), daemon=True,
+                                    name="autohet-stage-lanes")
+        splitter.start()
+        try:
+            while True:
+                with self._changed:
+                    while self._error is None and not (order and order[0].done.is_set()) and (
+                            splitter.is_alive() or order):
+                        self._changed.wait(0.05)
+                    if self._error is not None:
+                        raise self._error
+                    if not order:
+                        return
+                    window = order.popleft()
+                    self._changed.notify_all()
+                assert window.outputs is not None
+                yield window.outputs
+        finally:
+            self._stop.set()
+            splitter.join()
+            self._settle()
+
+    # --- the splitter, the feeders, the collectors ----------------------------------------------------
+
+    def _split_all(self, source: Iterator[list[np.ndarray]], order: deque[_Window]) -> None:
+        """Reads the windows, each split into pieces handed to the lanes' feeders, at most WINDOWS_AHEAD
+        ahead of the consumer."""
+        try:
+            for parts in source:
+                with self._changed:
+                    while len(order) >= WINDOWS_AHEAD and not self._stop.is_set() and self._error is None:
+                        self._changed.wait(0.05)
+                if self._stop.is_set() or self._error is not None:
+                    return
+                images = sum(len(p) for p in parts)
+                window = _Window(parts, images, images)
+                with self._changed:
+                    order.append(window)
+                if images == 0:
+                    window.outputs = np.zeros((0, self.classes), dtype=np.float32)
+                    self._finished(window)
+                    continue
+                for piece in self._split(window):
+                    self._feed(piece)
+        except BaseException as exc:  # the source's error (a bad batch) or every lane dead: to the consumer
+            self._fail_stream(exc)
+
+    def _split(self, window: _Window) -> list[_Piece]:
+        """The window's pieces, sized for an even finish of every live lane over the work queued."""
+        with self._changed:
+            live = [lane for lane in self.lanes if lane.alive]
+            if not live:
+                raise UserError("every executor died before the work was done: " + "; ".join(self.deaths))
+            known = [lane.speed for lane in live if lane.speed]
+            fallback = sum(known) / len(known) if known else 1.0
+            speeds = [(lane.speed or fallback) if lane.alive else None for lane in self.lanes]
+            backlog = [lane.queued / s if s else 0.0 for lane, s in zip(self.lanes, speeds, strict=True)]
+            shares = even_finish_shares(window.images, speeds, backlog, self.alive)
+        assert shares is not None
+        counts = whole_batch_shares(shares, [lane.executor.spec.batch for lane in self.lanes], window.images)
+        pieces, start = [], 0
+        for lane, count in zip(self.lanes, counts, strict=True):
+            size = lane.executor.spec.max_unit_images  # a unit a piece: a lane runs one while the next stages
+            pieces += [_Piece(window, start + k, min(size, count - k), lane) for k in range(0, count, size)]
+            start += count
+        return pieces
+
+    def _feed(self, piece: _Piece) -> None:
+        with self._changed:
+            piece.lane.queued += piece.count
+        piece.lane.feeder.submit(lambda: self._stage(piece))
+
+    def _stage(self, piece: _Piece) -> None:
+        """On the lane's feeder: the piece staged once the lane has room, then started on its worker."""
+        lane = piece.lane
+        while not lane.slots.acquire(timeout=0.05):
+            if self._stop.is_set():
+                return self._unqueue(piece)
+        if self._stop.is_set() or not lane.alive:  # a dead lane's pieces run elsewhere
+            lane.slots.release()
+            return self._failed(lane, piece, None) if not self._stop.is_set() else self._unqueue(piece)
+        t0 = time.perf_counter()
+        try:
+            staged = lane.executor.stage(slice_parts(piece.window.parts, piece.start, piece.count))
+        except Exception as exc:  # noqa: BLE001 - a failed staging is the lane's failure
+            lane.slots.release()
+            return self._failed(lane, piece, exc)
+        with self._changed:
+            self.stage_s += time.perf_counter() - t0
+        lane.worker.submit(lambda: self._launch(piece, staged))
+        return None
+
+    def _launch(self, piece: _Piece, staged: Any) -> None:
+        """On the lane's worker: the piece started (a synchronous executor runs it here), then collected
+        on the lane's collector."""
+        lane, started = piece.lane, time.perf_counter()
+        try:
+            handle = lane.executor.launch_staged(staged, piece.start, piece.count)
+        except Exception as exc:  # noqa: BLE001
+            return self._done(piece, None, started, exc)
+
+        def collect() -> None:
+            try:
+                result = lane.executor.collect(handle)
+            except Exception as exc:  # noqa: BLE001
+                return self._done(piece, None, started, exc)
+            return self._done(piece, result.outputs, started, None)
+
+        lane.collector.submit(collect)
+        return None
+
+    def _done(self, piece: _Piece, outputs: np.ndarray | None, started: float, error: Exception | None) -> None:
+        lane, now = piece.lane, time.perf_counter()
+        lane.slots.release()
+        if error is not None or outputs is None:
+            return self._failed(lane, piece, error)
+        window = piece.window
+        with self._changed:
+            lane.queued -= piece.count
+            busy = now - max(started, lane.free_at)
+            lane.free_at = now
+            lane.recent.append((piece.count, busy))
+            lane.stats.images += piece.count
+            lane.stats.busy_s += busy
+            lane.stats.pieces += 1
+            self.classes = int(outputs.shape[1]) if outputs.ndim > 1 else 0
+            if window.outputs is None:
+                window.outputs = np.empty((window.images, *outputs.shape[1:]), dtype=np.float32)
+        window.outputs[piece.start : piece.start + piece.count] = outputs
+        with self._changed:
+            window.left -= piece.count
+            if window.left == 0:
+                self._finished(window)
+        return None
+
+    def _finished(self, window: _Window) -> None:
+        with self._changed:
+            window.done.set()
+            window.parts = []
+            self._changed.notify_all()
+
+    def _unqueue(self, piece: _Piece) -> None:
+        with self._changed:
+            piece.lane.queued -= piece.count
+
+    def _failed(self, lane: _Lane, piece: _Piece, error: BaseException | None) -> None:
+        """The lane is dead (an error running or staging a piece): the piece goes to the fastest live lane."""
+        with self._changed:
+            lane.queued -= piece.count
+            if lane.alive:
+                lane.alive = False
+                self.deaths.append(f"executor {lane.executor.spec.name} failed running a stream piece "
+                                   f"({type(error).__name__}: {error}); its pieces re-run on the others")
+            live = [other for other in self.lanes if other.alive]
+        if self._stop.is_set():
+            return
+        if not live:
+            self._fail_stream(UserError("every executor died before the work was done: " + "; ".join(self.deaths)))
+            return
+        self._feed(replace(piece, lane=max(live, key=lambda other: other.speed or 0.0)))
+
+    def _fail_stream(self, exc: BaseException) -> None:
+        with self._changed:
+            self._error = self._error or exc
+            self._changed.notify_all()
+
+    def _settle(self) -> None:
+        """Waits for every piece still staged or running (a stream closed early): their rows are read in
+        place until then. A feeder's staging of a piece not yet started returns at once (``_stop``)."""
+        for lane in self.lanes:
+            lane.feeder.call(lambda: None)  # its queued pieces have seen the stop
+            for _ in range(PIECES_AHEAD):
+                lane.slots.acquire(timeout=120)
+            for _ in range(PIECES_AHEAD):
+                lane.slots.release()

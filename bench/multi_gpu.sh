@@ -1,0 +1,57 @@
+#!/bin/sh
+# Issue 46/49's figures on a machine of several GPUs, one section per device call, back to back:
+#   sh bench/multi_gpu.sh SECTION     SECTION: scaling | models | tune
+# scaling: resnet18 on one GPU and on every GPU (in-process executors) next to one torch.compile process per
+# GPU, the N-GPU config through autohet.load (float32 and uint8 pixels), and with an 8-core CPU group beside
+# the GPUs (no wheels needed). models: vgg16 and efficientnet_b0 on one GPU and on every GPU (CUDA graphs), the
+# two-GPU gpu-marked tests, a pipeline over two GPUs (resnet18, throughput) and a split of vgg16's convolutions
+# over them (batch-1 latency) next to one GPU alone. tune: a default 300 s `autohet tune --model resnet18` on the
+# auto pool, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
+# Logs and JSON go to $OUT.
+cd "$(dirname "$0")/.."
+. bench/_h100_common.sh
+nvidia-smi -L; nvidia-smi topo -m | head -4
+pool2() {  # two whole GPUs, a feeding core each
+  cat > /tmp/gpus2.yaml <<EOF
+version: 1
+executors:
+  - {name: gpu0, kind: gpu, gpu: 0, cores: [0], batch: ${1:-64}, precision: fp16, channels_last: true, backend: cudagraphs}
+  - {name: gpu1, kind: gpu, gpu: 1, cores: [1], batch: ${1:-64}, precision: fp16, channels_last: true, backend: cudagraphs}
+EOF
+  cat > /tmp/gpu1.yaml <<EOF
+version: 1
+executors:
+  - {name: gpu0, kind: gpu, gpu: 0, cores: [0], batch: ${1:-64}, precision: fp16, channels_last: true, backend: cudagraphs}
+EOF
+}
+case "$1" in
+  scaling)
+    log "resnet18: peers (torch.compile, one process per GPU), autohet on 1 and on every GPU, its stream, a CPU group beside"
+    t timeout -k 10 ${SCALING_TIMEOUT:-330} python3 -m bench.multi_gpu --models resnet18 --backend inductor --seconds 4 \
+      --cpu-group 8 --out "$W/scaling.json" > "$W/scaling.log" 2>&1; grep -v -i warn "$W/scaling.log" | tail -8 ;;
+  models)
+    log "vgg16, efficientnet_b0: autohet on 1 and on every GPU (CUDA graphs)"
+    t timeout -k 10 ${MODELS_TIMEOUT:-150} python3 -m bench.multi_gpu --models vgg16,efficientnet_b0 --backend cudagraphs \
+      --seconds 3 --no-peer --no-stream --out "$W/models.json" > "$W/models.log" 2>&1; grep -v -i warn "$W/models.log" | tail -5
+    log "two-GPU gpu-marked tests"
+    t timeout -k 10 ${TESTS_TIMEOUT:-120} python3 -m pytest -q -m gpu -p no:cacheprovider -k "two or gpu_to_gpu" \
+      tests/test_runtime.py tests/test_executors.py tests/test_channels.py tests/test_pipeline.py > "$W/gpu_tests.log" 2>&1
+    tail -3 "$W/gpu_tests.log"
+    pool2 64
+    log "a pipeline over two GPUs (resnet18, throughput), its efficiency against its bound"
+    t timeout -k 10 ${ENGINE_TIMEOUT:-90} python3 -m autohet.cli run --in-process --model resnet18 --strategy pipeline \
+      --pool /tmp/gpus2.yaml --images 20000 --json > "$W/pipeline.json" 2> "$W/pipeline.log"; tail -c 400 "$W/pipeline.json"; echo
+    pool2 1
+    log "vgg16 batch-1 latency: split over two GPUs, then one GPU alone"
+    t timeout -k 10 ${ENGINE_TIMEOUT:-90} python3 -m autohet.cli run --in-process --model vgg16 --strategy split \
+      --objective latency --pool /tmp/gpus2.yaml --json > "$W/split.json" 2> "$W/split.log"; tail -c 400 "$W/split.json"; echo
+    t timeout -k 10 ${ENGINE_TIMEOUT:-90} python3 -m autohet.cli run --in-process --model vgg16 --strategy single \
+      --objective latency --pool /tmp/gpu1.yaml --json > "$W/single_b1.json" 2> "$W/single_b1.log"; tail -c 300 "$W/single_b1.json"; echo ;;
+  tune)
+    sh .gpuwheels/part3/install.sh
+    stop_ray; work=/tmp/mgtune; mkdir -p $work
+    log "a default autohet tune of resnet18 (--time-budget ${TUNE_BUDGET:-300}) on every GPU, its config rerun"
+    t timeout -k 10 ${TUNE_TIMEOUT:-470} python3 -m bench.multi_gpu --models resnet18 --no-peer --no-runs --no-stream \
+      --tune ${TUNE_BUDGET:-300} --work $work --out "$W/tune.json" > "$W/tune.log" 2>&1
+    grep -v -i warn "$W/tune.log" | tail -6; cp $work/*.log $work/*.yaml "$W/" 2>/dev/null; stop_ray ;;
+esac
