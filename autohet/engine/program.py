@@ -138,6 +138,11 @@ def move(value: Value, src: Device, dst: Device, worker: Device) -> Value:
             return Value(host, dst.name, src.publish(host).event)
         # GPU -> GPU (another GPU, or another partition of this one): a copy the source may not overwrite
         copy = t.to(dst.torch_device, non_blocking=True) if dst.torch_device != src.torch_device else t.clone()
+        # its memory is not reused before the destination's compute has read it: allocated for another
+        # GPU's current stream, freed after its consumer it was handed to the next frame's copy, which the
+        # source's stream wrote while the consumer's stream still read it (a resnet18 pipeline over two
+        # H200s, six frames in flight, failed its check: 0.213 > fp16's 0.061)
+        copy.record_stream(dst.stream)
         return Value(copy, dst.name, src.publish(copy).event)
 
 

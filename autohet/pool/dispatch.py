@@ -41,6 +41,15 @@ class Completion:
 
 
 @dataclass
+class _Part:
+    """A part of an in-process asynchronous executor's unit, collected; ``done``: the unit, after its last."""
+
+    start: int
+    outputs: np.ndarray
+    done: Completion | None = None
+
+
+@dataclass
 class Ready:
     """An executor's only unit is about to drain: the driver may queue its next unit now."""
 
@@ -227,19 +236,31 @@ class LocalDispatcher(Dispatcher):
         self.workers[executor].submit(work)
 
     def _launch(self, executor: int, start: int, size: int, submitted: float) -> None:
-        """On the executor's worker: the unit queued on the device, its collection handed to the collector."""
+        """On the executor's worker: the unit queued on the device in parts of at most ``max_unit_images``
+        (as a Ray actor gets it), their collection handed to the collector, each part's outputs placed by
+        the driver as it arrives: a GPU's whole-run unit (``single``) placed its 200000 outputs only after
+        its last batch, and allocated their pinned buffer before its first (two H200s: single in-process
+        50544 img/s against 75000 standalone)."""
         ex = self.executors[executor]
+        most = ex.spec.max_unit_images
+        parts = [(s, min(most, start + size - s)) for s in range(start, start + size, most)]
         try:
-            handle = ex.launch(start, size)
+            handles = [(s, ex.launch(s, n)) for s, n in parts]
         except Exception as exc:
             self._failed(executor, start, size, submitted, exc)
             return
 
         def collect() -> None:
+            compute_s = 0.0
             try:
-                result = ex.collect(handle)
-                self.results.put(Completion(executor, start, size, submitted, self.now(), result.compute_s,
-                                            result.outputs))
+                for k, (s, handle) in enumerate(handles):
+                    result = ex.collect(handle)
+                    compute_s += result.compute_s
+                    if k + 1 < len(handles):
+                        self.results.put(_Part(s, result.outputs))
+                    else:
+                        self.results.put(_Part(s, result.outputs, Completion(
+                            executor, start, size, submitted, self.now(), compute_s, delivered=True)))
             except Exception as exc:
                 self._failed(executor, start, size, submitted, exc)
 
@@ -253,10 +274,19 @@ class LocalDispatcher(Dispatcher):
         return self._collectors[executor]
 
     def _wait_any(self, timeout: float | None = None) -> Completion | None:
-        try:
-            return self.results.get(timeout=timeout)
-        except queue.Empty:  # the unit's thread keeps running: in-process work cannot be cancelled
-            return None
+        deadline = None if timeout is None else time.perf_counter() + timeout
+        while True:
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.perf_counter())
+                item = self.results.get(timeout=left)
+            except queue.Empty:  # the unit's thread keeps running: in-process work cannot be cancelled
+                return None
+            if not isinstance(item, _Part):
+                return item
+            assert self.sink is not None, "an asynchronous executor's parts are placed by the driver's sink"
+            self.sink(item.start, item.outputs)  # on the driver's thread, as its other outputs are
+            if item.done is not None:
+                return item.done
 
     def close(self) -> None:
         for worker in self._collectors.values():
