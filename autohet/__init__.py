@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from autohet.context import RunContext
-from autohet.errors import UserError
-from autohet.measurement import Measurement
-from autohet.models import ModelSpec, build_model, input_shape
-from autohet.objectives import OBJECTIVES, Objective, ObjectiveSet
-from autohet.running import run_strategy
+from autohet.core.errors import UserError
+from autohet.core.measurement import Measurement
+from autohet.core.models import ModelSpec, build_model, input_shape
+from autohet.core.objectives import OBJECTIVES, Objective, ObjectiveSet
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.strategies import Strategy, get_strategy, register_strategy, strategy_names
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 
 __all__ = [
     "OBJECTIVES", "Measurement", "ModelSpec", "Objective", "ObjectiveSet", "RunContext", "Runner", "Strategy",

@@ -8,7 +8,7 @@ import importlib
 import os
 import sys
 
-from autohet.errors import Interrupted, UserError
+from autohet.core.errors import Interrupted, UserError
 
 __all__ = ["main", "build_parser"]
 
@@ -67,7 +67,7 @@ def _interrupted(exc: BaseException) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autohet.ray_runtime import dump_stacks_later, handle_signals
+    from autohet.platform.ray_cluster import dump_stacks_later, handle_signals
 
     parser = build_parser()
     args = parser.parse_args(argv)

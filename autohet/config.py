@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from autohet.errors import UserError
-from autohet.models import ModelSpec
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
 from autohet.pool.spec import PoolSpec, _executor
 
 __all__ = ["CONFIG_VERSION", "INTERPOLATIONS", "Preprocess", "RunConfig", "load_config", "write_config"]
@@ -187,7 +187,7 @@ def _preprocess(raw: Any, file: Path) -> Preprocess | None:
 
 
 def _objective(value: Any, file: Path) -> str:
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
 
     try:
         return ObjectiveSet.parse(str(value)).name

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.measurement import ExecutorReport, Measurement, percentile
-from autohet.models import ModelSpec, build_model
-from autohet.objectives import RUN_MODES, RunMode
-from autohet.workload import Workload
+from autohet.core.measurement import ExecutorReport, Measurement, percentile
+from autohet.core.models import ModelSpec, build_model
+from autohet.core.objectives import RUN_MODES, RunMode
+from autohet.core.workload import Workload
 
 if TYPE_CHECKING:
     from autohet.pool import Pool

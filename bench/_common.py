@@ -14,7 +14,7 @@ __all__ = ["describe_machine", "emit"]
 def describe_machine() -> str:
     import torch
 
-    from autohet.platform_info import cpu_model
+    from autohet.platform.fingerprint import cpu_model
 
     cpu = cpu_model()
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"

@@ -13,13 +13,13 @@ import time
 import torch
 
 from autohet.context import RunContext
+from autohet.core.models import ModelSpec, build_model, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
 from autohet.executors.gpu import DTYPES
-from autohet.models import ModelSpec, build_model, input_shape
+from autohet.platform.ray_cluster import init_ray
 from autohet.pool import PoolSpec, RayPool
-from autohet.ray_runtime import init_ray
-from autohet.running import run_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from bench._common import emit
 
 

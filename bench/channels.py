@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 
 from autohet.context import TOLERANCE, tolerance_for
+from autohet.core.models import ModelSpec, build_model, input_shape
+from autohet.core.objectives import RunMode
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import build_engine
-from autohet.models import ModelSpec, build_model, input_shape
-from autohet.objectives import RunMode
 from autohet.pool import detect_executors
 from autohet.strategies.channels import ChannelsSession
-from autohet.workload import Workload, WorkloadSpec
 from bench._common import describe_machine, emit
 
 

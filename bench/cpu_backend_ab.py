@@ -35,8 +35,8 @@ def peer_session(model: str, threads: int, work: Path) -> Any:
     """ONNX Runtime as ``bench.cpu_peers`` runs it: the whole model, intra-op threads = the cores."""
     import onnxruntime as ort
 
+    from autohet.core.models import build_model, input_shape
     from autohet.executors.cpu_backends._onnxruntime import export_onnx
-    from autohet.models import build_model, input_shape
 
     path = work / f"{model}.onnx"
     export_onnx(build_model(model), input_shape(model), path)
@@ -47,8 +47,8 @@ def peer_session(model: str, threads: int, work: Path) -> Any:
 
 
 def executor(model: str, cores: list[int], batch: int, backend: str, workload: Any) -> tuple[Any, float]:
+    from autohet.core.models import ModelSpec
     from autohet.executors import ExecutorSpec, make_executor
-    from autohet.models import ModelSpec
 
     ex = make_executor(ExecutorSpec("ab", "cpu", tuple(cores), batch=batch, backend=backend), ModelSpec(model))
     start = time.perf_counter()
@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument("--out")
     args = parser.parse_args()
 
-    from autohet.models import input_shape
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.core.models import input_shape
+    from autohet.core.workload import Workload, WorkloadSpec
 
     cores = parse_cores(args.cores)
     os.sched_setaffinity(0, cores)

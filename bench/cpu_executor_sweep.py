@@ -30,7 +30,7 @@ def peer(model: str, cores: list[int], batch: int, precision: str) -> Any:
     import openvino as ov
     import torch
 
-    from autohet.models import build_model, input_shape
+    from autohet.core.models import build_model, input_shape
 
     shape = input_shape(model)
     core = ov.Core()
@@ -53,10 +53,10 @@ def peer(model: str, cores: list[int], batch: int, precision: str) -> Any:
 def executor(model: str, cores: list[int], batch: int, streams: int, precision: str, dynamic: bool) -> Any:
     """autohet's CPU executor, called as the pool's actor calls it: parts of ``max_unit_images``, each
     call announcing the next (``run_ahead``: an OpenVINO group queues it behind the current one)."""
+    from autohet.core.models import ModelSpec, input_shape
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.executors import ExecutorSpec, make_executor
     from autohet.executors.cpu_backends import cpu_backend
-    from autohet.models import ModelSpec, input_shape
-    from autohet.workload import Workload, WorkloadSpec
 
     spec = ExecutorSpec("cpu", "cpu", tuple(cores), batch=batch, precision=precision, backend="openvino",
                         streams=streams)

@@ -67,8 +67,8 @@ def rate(fn: Callable[[], Any], images: int, min_s: float) -> float:
 def torch_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool, compile_: bool) -> dict[str, Any]:
     import torch
 
+    from autohet.core.models import build_model, input_shape
     from autohet.executors.compiled import compile_module
-    from autohet.models import build_model, input_shape
 
     torch.set_num_threads(threads)
     out: dict[str, Any] = {}
@@ -97,8 +97,8 @@ def torch_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool, c
 def onnxruntime_peer(name: str, batch: int, threads: int, min_s: float, work: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
+    from autohet.core.models import build_model, input_shape
     from autohet.executors.cpu_backends._onnxruntime import export_onnx
-    from autohet.models import build_model, input_shape
 
     path = work / f"{name}.onnx"
     export_onnx(build_model(name), input_shape(name), path)
@@ -116,7 +116,7 @@ def openvino_peers(name: str, batch: int, threads: int, min_s: float, bf16: bool
     import openvino as ov
     import torch
 
-    from autohet.models import build_model, input_shape
+    from autohet.core.models import build_model, input_shape
 
     shape = input_shape(name)
     core = ov.Core()

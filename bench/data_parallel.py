@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 
 from autohet.context import RunContext
-from autohet.models import ModelSpec, input_shape
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
+from autohet.platform.ray_cluster import init_ray
 from autohet.pool import RayPool, load_pool
-from autohet.ray_runtime import init_ray
-from autohet.running import run_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from bench._common import emit
 
 # Sized for a GPU ~100-1000x faster than one CPU group. The seed's rules count fixed sizes in images

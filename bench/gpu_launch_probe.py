@@ -22,8 +22,8 @@ def main() -> None:
     import torch
 
     from autohet.config import load_config
+    from autohet.core.workload import workload_for
     from autohet.executors import make_executor
-    from autohet.workload import workload_for
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True)
@@ -82,7 +82,7 @@ def stream_windows(path: str, images: int, window: int | None) -> None:
     import numpy as np
 
     import autohet
-    from autohet.workload import workload_for
+    from autohet.core.workload import workload_for
 
     with autohet.load(path, window=window) as runner:
         ex = runner.pool.executors[0]

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from autohet.core.models import ModelSpec, build_model
+from autohet.core.workload import workload_for
 from autohet.executors import ExecutorSpec, make_executor
-from autohet.models import ModelSpec, build_model
-from autohet.workload import workload_for
 
 RESULTS: list[dict[str, Any]] = []
 
@@ -79,9 +79,9 @@ def check_partitions() -> str:
 
 def check_engine_placement() -> str:
     from autohet.context import RunContext
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, PoolSpec
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     spec = PoolSpec("smoke", [ExecutorSpec("gpu0", "gpu", (0,), 0, precision="fp16"),
                               ExecutorSpec("cpu0", "cpu", tuple(range(1, 5)))])
@@ -94,9 +94,9 @@ def check_engine_placement() -> str:
 
 def check_single_latency(backend: str) -> str:
     from autohet.context import RunContext
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, PoolSpec
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     spec = PoolSpec("smoke", [ExecutorSpec("gpu0", "gpu", (0,), 0, precision="fp16", backend=backend)])
     workload = Workload.from_spec(WorkloadSpec(32, (3, 224, 224)))
@@ -113,8 +113,8 @@ def check_runtime(strategy: str, objective: str, params: dict[str, Any]) -> str:
 
     import autohet
     from autohet.config import RunConfig, write_config
+    from autohet.core.workload import workload_for
     from autohet.pool import PoolSpec
-    from autohet.workload import workload_for
 
     spec = PoolSpec("smoke", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=64, precision="fp16", channels_last=True,
                                            backend="cudagraphs"),

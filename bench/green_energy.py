@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from autohet.core.models import build_model, input_shape
 from autohet.executors.green import sm_partitions
-from autohet.models import build_model, input_shape
-from autohet.telemetry import nvml_module
+from autohet.platform.sensors import nvml_module
 
 
 def measured(model: Any, x: torch.Tensor, stream: Any, seconds: float, handle: Any, nv: Any) -> dict[str, float]:

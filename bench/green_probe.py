@@ -26,12 +26,12 @@ from typing import Any
 
 import torch
 
+from autohet.core.models import ModelSpec, build_model, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
 from autohet.executors.gpu import GpuExecutor
 from autohet.executors.green import sm_partitions
-from autohet.models import ModelSpec, build_model, input_shape
 from autohet.pool.worker import Worker
-from autohet.workload import Workload, WorkloadSpec
 
 
 def loop_ips(model: Any, x: torch.Tensor, stream: Any, seconds: float, h2d: str | None = None,

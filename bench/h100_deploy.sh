@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from autohet.config import RunConfig, write_config
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec
+from autohet.core.models import ModelSpec
 from autohet.pool import PoolSpec
 out = Path(sys.argv[1])
 gpu = dict(name="gpu0", kind="gpu", cores=(0,), gpu=0, batch=256, precision="fp16", channels_last=True)

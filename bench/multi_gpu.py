@@ -44,8 +44,8 @@ def peer_worker(model: str, gpu: int, batch: int, precision: str, seconds: float
     run the host -> device -> host loop for ``seconds``; prints one JSON line."""
     import torch
 
+    from autohet.core.models import build_model, input_shape
     from autohet.executors.compiled import compile_module
-    from autohet.models import build_model, input_shape
     from bench.peers import DTYPES
 
     device = torch.device("cuda", gpu)
@@ -118,10 +118,10 @@ def measured(model: str, spec: Any, strategy: str, params: dict[str, Any], secon
     """A run of ``strategy`` on ``spec`` as a trial measures it, sized to about ``seconds`` at the pool's
     standalone speed."""
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import workload_for
     from autohet.pool import LocalPool, RayPool
-    from autohet.running import run_strategy
-    from autohet.workload import workload_for
+    from autohet.strategy_run import run_strategy
 
     pool = RayPool(spec) if ray else LocalPool(spec)
     try:
@@ -142,7 +142,7 @@ def streamed(model: str, spec: Any, strategy: str, params: dict[str, Any], image
              ) -> dict[str, Any]:
     """The config through ``autohet.load`` (its ``map``, batches of the largest executor batch)."""
     from autohet.config import RunConfig, write_config
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from bench.runtime_load import streamed as load_stream
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,7 +259,7 @@ def main() -> None:
         peer_worker(args.peer_worker, args.gpu, args.batch, args.precision, args.seconds, Path(args.barrier),
                     args.parties)
         return
-    from autohet.params import parse_set_options
+    from autohet.core.params import parse_set_options
 
     params = parse_set_options(args.set)
     if args.smoke:

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from autohet.context import RunContext
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.objectives import RunMode
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
 from autohet.executors.green import equal_share
-from autohet.models import ModelSpec, input_shape
-from autohet.objectives import RunMode
+from autohet.platform.ray_cluster import init_ray
 from autohet.pool import LocalPool, PoolSpec, RayPool, StandaloneCache
-from autohet.ray_runtime import init_ray
-from autohet.running import run_strategy
 from autohet.strategies import STRATEGIES
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from bench._common import emit
 
 

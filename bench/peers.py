@@ -34,8 +34,8 @@ from typing import Any
 
 import torch
 
+from autohet.core.models import build_model, input_shape
 from autohet.executors.compiled import compile_module, use_compile_cache
-from autohet.models import build_model, input_shape
 from bench._common import emit
 
 REPO = Path(__file__).resolve().parents[1]

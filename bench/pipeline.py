@@ -25,15 +25,15 @@ from typing import Any
 import numpy as np
 
 from autohet.context import RunContext, tolerance_for
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import CpuDevice, Engine, GpuDevice
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec, input_shape
 from autohet.pool import LocalPool, PoolSpec, RayPool, detect_executors, load_pool
-from autohet.running import run_strategy
 from autohet.strategies import get_strategy
 from autohet.strategies.pipeline import PipelineJob
 from autohet.strategies.pipeline.strategy import default_batch
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from bench._common import emit
 
 DATA_PARALLEL = {"fast_split": [{"w_s": 1, "r": 0.5, "threshold": 1, "unit": "batches"}],
@@ -154,7 +154,7 @@ def main() -> None:
     args = parser.parse_args()
     in_process = args.in_process or args.smoke
     if not in_process:
-        from autohet.ray_runtime import init_ray
+        from autohet.platform.ray_cluster import init_ray
 
         init_ray()
     models = ["lenet"] if args.smoke else args.models.split(",")

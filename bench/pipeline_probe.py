@@ -12,7 +12,7 @@ each remove one suspect, side by side:
   submits the frames) on the next core, the CPU group on the rest;
 - ``pipeline, depth 2D``: twice the frames in flight;
 - ``pipeline, CPU stage on K cores``: the CPU group cut to ``--small-group`` cores;
-- ``pipeline, collector unsettled``: the run without ``autohet.heap.settle`` before its clock (as
+- ``pipeline, collector unsettled``: the run without ``autohet.platform.gc_control.settle`` before its clock (as
   every run was before it): Python's collector may then walk all of the process's objects in the
   run, with the GIL held.
 
@@ -43,10 +43,11 @@ from typing import Any
 
 import torch
 
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import CpuDevice, Engine, GpuDevice, Program, pinned_host, stream_frames
-from autohet.heap import Collections, settle
-from autohet.models import ModelSpec, input_shape
 from autohet.planners.stages import boundary_bytes, boundary_values
+from autohet.platform.gc_control import Collections, settle
 from autohet.strategies.pipeline import (
     StagePrograms,
     given_stage_plan,
@@ -56,7 +57,6 @@ from autohet.strategies.pipeline import (
     steady_frame_seconds,
     value_shapes,
 )
-from autohet.workload import Workload, WorkloadSpec
 
 
 class GpuSteps:
@@ -221,7 +221,7 @@ def run_pool_first(model: str, args: argparse.Namespace) -> None:
     fed by core 0 and a CPU group of the other cores, its standalone figures and two runs."""
     from autohet.context import RunContext
     from autohet.pool import LocalPool, PoolSpec
-    from autohet.running import run_strategy
+    from autohet.strategy_run import run_strategy
     from bench.pipeline import machine_specs
 
     ns = argparse.Namespace(smoke=False, gpu_batch=64, precision="fp16", cpu_batch=8)

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import build_engine
-from autohet.models import ModelSpec, input_shape
 from autohet.pool import detect_executors
 from autohet.strategies.placement import PlacementJob
-from autohet.workload import Workload, WorkloadSpec
 
 
 def devices() -> list:

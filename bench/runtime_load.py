@@ -32,10 +32,10 @@ from bench._common import emit
 def measured_run(config: Any, images: int) -> float:
     """The config's strategy as a trial runs it (in-process executors): its img/s (or 1/p50)."""
     from autohet.context import RunContext
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
+    from autohet.core.workload import workload_for
     from autohet.pool import LocalPool
-    from autohet.running import run_strategy
-    from autohet.workload import workload_for
+    from autohet.strategy_run import run_strategy
 
     mode = ObjectiveSet.parse(config.objective).mode
     ctx = RunContext(config.model, workload_for(config.model.name, images, config.workload_seed), check_images=16,
@@ -84,7 +84,7 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False) -> tup
     ran 15715 img/s and its second 41770). Batches are views of the synthetic bank (at most 512 MB of
     distinct images, reused), so producing them costs nothing; ``pixels``: a uint8 bank of as many
     images. Returns (steady, first stream's) img/s."""
-    from autohet.workload import workload_for
+    from autohet.core.workload import workload_for
 
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
     if pixels:
@@ -128,7 +128,7 @@ def files(path: str, count: int, size: int, folder: Path) -> dict[str, Any]:
 
 def smoke_config(folder: Path) -> str:
     from autohet.config import RunConfig, write_config
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
 
     config = RunConfig(ModelSpec("lenet"), load_pool("actors/cpu2.yaml"), "fast_split", {}, images=2000)

@@ -54,8 +54,8 @@ def chain_sweep(engine: Any, model: str, names: list[str], runs: int, max_window
     """Per chain, per share of device 0 (the CPU) 0.0..1.0: each side, the join and the total (ms)."""
     import torch
 
+    from autohet.core.models import build_model, input_shape
     from autohet.engine import step_seconds
-    from autohet.models import build_model, input_shape
     from autohet.strategies.split import DeviceModel, StagePrograms, capture, spatial_graph
 
     module = build_model(model)
@@ -93,10 +93,10 @@ def run_model(engine: Any, model: str, names: list[str], gpus: list[int], args: 
               sweep: list[dict[str, Any]]) -> dict[str, Any]:
     """The split strategy planned and at the sweep's best ratios, and CoEdge, next to each device alone."""
     from autohet.context import tolerance_for
-    from autohet.models import ModelSpec, build_model, input_shape
+    from autohet.core.models import ModelSpec, build_model, input_shape
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.strategies.split.coedge import CoEdgeJob, CoEdgeStrategy
     from autohet.strategies.split.strategy import SplitJob, SplitStrategy
-    from autohet.workload import Workload, WorkloadSpec
 
     images = np.ascontiguousarray(Workload.from_spec(WorkloadSpec(args.requests, input_shape(model)))
                                   .rows(0, args.requests))

@@ -33,11 +33,11 @@ import yaml
 
 from autohet.config import load_config
 from autohet.context import RunContext
-from autohet.models import ModelSpec, input_shape
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
+from autohet.platform.ray_cluster import init_ray
 from autohet.pool import RayPool, StandaloneCache, load_pool
-from autohet.ray_runtime import init_ray
-from autohet.running import run_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from bench._common import emit
 
 REPO = Path(__file__).resolve().parents[1]

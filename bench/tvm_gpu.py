@@ -130,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import tvm
 
-    from autohet.backends import TorchRunner, TvmRunner, time_runner
-    from autohet.backends.tvm import TuneSession, ensure_cuda, tvm_root, tvm_target
-    from autohet.errors import UserError
+    from autohet.block_runners import TorchRunner, TvmRunner, time_runner
+    from autohet.block_runners.tvm import TuneSession, ensure_cuda, tvm_root, tvm_target
+    from autohet.core.errors import UserError
     from autohet.partition import partition
     from bench._common import describe_machine
 

@@ -73,7 +73,7 @@ def ray_local():
     costs 5-10 s on the 2-core box): its tests run last (``pytest_collection_modifyitems``)."""
     import ray
 
-    from autohet.ray_runtime import init_ray
+    from autohet.platform.ray_cluster import init_ray
 
     if ray.is_initialized():
         ray.shutdown()

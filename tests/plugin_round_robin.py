@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autohet.params import IntParam
+from autohet.core.params import IntParam
 from autohet.strategies import DataParallelStrategy, SchedState, register_strategy
 
 

@@ -13,8 +13,8 @@ import pytest
 import autohet
 from autohet.cli import main
 from autohet.config import Preprocess, RunConfig, load_config, write_config
-from autohet.errors import UserError
-from autohet.models import ModelSpec
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
 from autohet.pool import load_pool
 from autohet.runtime.images import Decoders, decode, list_images, preprocessing_for
 
@@ -143,7 +143,7 @@ def test_an_empty_folder_and_a_wrong_npy_are_one_line(tmp_path, capsys):
 def test_default_preprocessing_matches_torchvision_imagenet_evaluation(tmp_path):
     from PIL import Image
 
-    from autohet._tv import torchvision
+    from autohet.core._tv import torchvision
 
     transforms = torchvision.transforms
     rng = np.random.default_rng(3)

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 
 from autohet.context import TOLERANCE, RunContext
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import CpuDevice, Engine
-from autohet.errors import UserError
-from autohet.models import ModelSpec
 from autohet.planners.pairing import (
     LayerCost,
     Unit,
@@ -23,11 +24,10 @@ from autohet.planners.pairing import (
     proportional_shares,
 )
 from autohet.pool import LocalPool, load_pool
-from autohet.running import run_strategy
 from autohet.strategies import get_strategy
 from autohet.strategies.channels._layers import channel_graph
 from autohet.strategies.channels._programs import ChannelPrograms
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from tests.numerics import assert_fp32_close
 
 
@@ -116,7 +116,7 @@ def test_partitioned_program_matches_the_model(engine, net, devices, shares, fir
 
 
 def test_lenet_iop_over_flatten_and_linear_pair(engine):
-    from autohet.models import build_model
+    from autohet.core.models import build_model
 
     model = build_model("lenet")
     x = torch.randn(3, 1, 28, 28)

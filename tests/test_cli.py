@@ -128,7 +128,7 @@ def test_a_checkpoint_that_is_not_a_state_dict_is_one_line(tmp_path, capsys):
 
 def test_run_of_a_config_honours_the_images_given_to_main(tmp_path, capsys):
     from autohet.config import RunConfig, write_config
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
 
     path = write_config(RunConfig(ModelSpec("lenet"), load_pool("actors/cpu2.yaml"), "fifo", {"c": 16},
@@ -212,7 +212,7 @@ def test_an_interrupt_wrapped_by_c_code_still_ends_as_an_interrupt(monkeypatch, 
     exception; it must end like any interrupt, not as an internal error."""
     from autohet import cli
     from autohet.commands import profile
-    from autohet.errors import Interrupted
+    from autohet.core.errors import Interrupted
 
     def run(args):
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.strategies import STRATEGIES, get_strategy
 from autohet.testing import (
     StrategyContract,

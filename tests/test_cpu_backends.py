@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec, make_executor, runs_ahead
 from autohet.executors.compiled import check_backend, unsupported
-from autohet.models import ModelSpec, build_model
-from autohet.workload import Workload, WorkloadSpec
 from tests.numerics import assert_within_product_tolerance
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(importlib.util.find_spec(package) is None,

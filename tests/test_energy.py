@@ -15,10 +15,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from autohet import telemetry
-from autohet.measurement import Measurement
-from autohet.telemetry import EnergyCounter, EnergyMeter, Gauge, Sources
-from autohet.tuning.thermal import wait_cool
+from autohet.core.measurement import Measurement
+from autohet.platform import sensors
+from autohet.platform.meter import EnergyMeter
+from autohet.platform.sensors import EnergyCounter, Gauge, Sources
+from autohet.platform.thermal import wait_cool
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,7 +71,7 @@ def test_rapl_reads_top_level_packages_across_a_wraparound_and_names_unreadable_
     pkg0 = zone(root, "intel-rapl:0", "package-0", 999_000_000)
     zone(root, "intel-rapl:0:0", "core", 5)  # a sub-zone: part of package 0, not counted again
     zone(root, "intel-rapl:1", "package-1", None)
-    sources = telemetry.rapl_counters(root)
+    sources = sensors.rapl_counters(root)
     assert [c.name for c in sources.counters] == ["cpu_pkg0"]
     assert sources.counters[0].wrap_j == 1000.0  # exact: Python float arithmetic on the test's own figures
     assert "not readable" in sources.unavailable["energy_cpu_pkg1"]
@@ -91,26 +92,26 @@ def test_rapl_reads_top_level_packages_across_a_wraparound_and_names_unreadable_
 
 
 def test_rapl_absent_or_empty_is_unavailable_with_the_reason(tmp_path):
-    assert "no " + str(tmp_path / "none") in telemetry.rapl_counters(tmp_path / "none").unavailable["energy_cpu"]
+    assert "no " + str(tmp_path / "none") in sensors.rapl_counters(tmp_path / "none").unavailable["energy_cpu"]
     (tmp_path / "empty").mkdir()
-    assert "no RAPL package zone" in telemetry.rapl_counters(tmp_path / "empty").unavailable["energy_cpu"]
+    assert "no RAPL package zone" in sensors.rapl_counters(tmp_path / "empty").unavailable["energy_cpu"]
     zone(tmp_path / "nowrap", "intel-rapl:0", "package-0", 10, max_uj=None)
-    counter = telemetry.rapl_counters(tmp_path / "nowrap").counters[0]
+    counter = sensors.rapl_counters(tmp_path / "nowrap").counters[0]
     with pytest.raises(ValueError, match="went backwards"):
         counter.delta(10.0, 5.0)
 
 
 def test_nvml_absent_or_failing_is_unavailable_with_the_reason(monkeypatch):
-    monkeypatch.setattr(telemetry, "_NVML", {})
+    monkeypatch.setattr(sensors, "_NVML", {})
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails, as where nvidia-ml-py is not installed
-    out = telemetry.nvml_sources([0])
+    out = sensors.nvml_sources([0])
     assert not out.counters and "pynvml not installed" in out.unavailable["energy_gpu"]
-    assert telemetry.nvml_sources([]).unavailable == {}  # no GPU in the pool: nothing to say
+    assert sensors.nvml_sources([]).unavailable == {}  # no GPU in the pool: nothing to say
 
-    monkeypatch.setattr(telemetry, "_NVML", {})
+    monkeypatch.setattr(sensors, "_NVML", {})
     broken = SimpleNamespace(nvmlInit=lambda: (_ for _ in ()).throw(RuntimeError("Driver Not Loaded")))
     monkeypatch.setitem(sys.modules, "pynvml", broken)
-    assert "NVML did not start (RuntimeError: Driver Not Loaded)" in telemetry.nvml_sources([0]).unavailable[
+    assert "NVML did not start (RuntimeError: Driver Not Loaded)" in sensors.nvml_sources([0]).unavailable[
         "energy_gpu"]
 
 
@@ -144,7 +145,7 @@ class FakeNvml:
 def test_nvml_counters_and_gauges_through_the_meter(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     clock = Clock()
-    sources = telemetry.nvml_sources([0, 1], nvml=FakeNvml(clock))
+    sources = sensors.nvml_sources([0, 1], nvml=FakeNvml(clock))
     assert [c.name for c in sources.counters] == ["gpu0"]
     assert "Not Supported" in sources.unavailable["energy_gpu1"]
     meter = EnergyMeter(sources, clock=clock, interval_s=None).start()
@@ -161,12 +162,12 @@ def test_nvml_counters_and_gauges_through_the_meter(monkeypatch):
 
 
 def test_psutil_temperatures_empty_or_per_chip():
-    empty = telemetry.psutil_temperatures(lambda: {})
+    empty = sensors.psutil_temperatures(lambda: {})
     assert not empty.gauges and "is empty" in empty.unavailable["temp_host"]
     entry = SimpleNamespace
-    found = telemetry.psutil_temperatures(lambda: {"coretemp": [entry(current=50.0), entry(current=57.0)],
+    found = sensors.psutil_temperatures(lambda: {"coretemp": [entry(current=50.0), entry(current=57.0)],
                                                    "nvme": [entry(current=40.0)], "acpitz": []})
-    assert telemetry.read_temperatures(found) == ({"coretemp": 57.0, "nvme": 40.0}, {})
+    assert sensors.read_temperatures(found) == ({"coretemp": 57.0, "nvme": 40.0}, {})
 
 
 # ---------------------------------------------------------------- the meter
@@ -291,8 +292,8 @@ def test_wait_cool_waits_for_the_margin_caps_and_skips_without_sensors():
 
 def lenet_ctx(images: int = 300, mode: str = "throughput"):
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
 
     return RunContext(ModelSpec("lenet"), Workload.from_spec(WorkloadSpec(images, (1, 28, 28))), check_images=8,
                       standalone_seconds=0.05, mode=mode, latency_runs=10)
@@ -301,7 +302,7 @@ def lenet_ctx(images: int = 300, mode: str = "throughput"):
 def test_every_run_through_run_strategy_carries_its_energy_or_why_not():
     from autohet.commands.run import report
     from autohet.pool import LocalPool, load_pool
-    from autohet.running import energy_sources, run_strategy
+    from autohet.strategy_run import energy_sources, run_strategy
     from autohet.tuning.trainable import trial_metrics
 
     clock = Clock()
@@ -343,13 +344,13 @@ def test_pool_sources_skip_simulated_pools_and_name_remote_nodes(monkeypatch):
     from dataclasses import replace
 
     from autohet.pool import load_pool
-    from autohet.running import energy_sources
+    from autohet.strategy_run import energy_sources
     from autohet.testing import sim_pool_spec
 
     sim = energy_sources(sim_pool_spec([100.0, 50.0]))
     assert not sim.counters and "simulated pool" in sim.unavailable["energy_j"]
     asked = []
-    monkeypatch.setattr("autohet.running.default_sources", lambda gpus: asked.append(gpus) or Sources())
+    monkeypatch.setattr("autohet.strategy_run.default_sources", lambda gpus: asked.append(gpus) or Sources())
     spec = load_pool(str(REPO / "actors/cpu2.yaml"))
     remote = replace(spec, executors=[spec.executors[0], replace(spec.executors[1], node="node-b")])
     assert "executors on node-b are not read" in energy_sources(remote).unavailable["energy_remote"]
@@ -365,7 +366,7 @@ def measurement(ok: bool = True, temp: float | None = None, violation: str | Non
 
 
 def test_a_trial_past_a_bound_is_a_violation_with_the_worst_objective_values():
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning.trainable import objective_metrics, trial_status
 
     assert trial_status(measurement(temp=85.0), 80.0)[0] == "violation"
@@ -381,7 +382,7 @@ def test_a_trial_past_a_bound_is_a_violation_with_the_worst_objective_values():
 
 
 def test_settings_take_max_temp_and_refuse_nonsense():
-    from autohet.errors import UserError
+    from autohet.core.errors import UserError
     from autohet.tuning.settings import load_settings
 
     settings = load_settings(str(REPO / "conf/default.yaml"), {"max_temp": 80, "objective": "latency,energy"})
@@ -403,8 +404,8 @@ TRIALS = [("static", 100.0, 50.0, "ok"), ("quick", 200.0, 160.0, "ok"), ("chunk"
 def fake_result(strategy: str, ips: float, watts: float, status: str, index: int) -> dict:
     """A trial's result as the trainable builds it, its energy read by a meter on a fake counter."""
     from autohet.config import RunConfig
-    from autohet.models import ModelSpec
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.models import ModelSpec
+    from autohet.core.objectives import ObjectiveSet
     from autohet.pool import load_pool
     from autohet.tuning.trainable import objective_metrics
 
@@ -436,7 +437,7 @@ def mlflow_db(tmp_path_factory) -> str:
 def tune_store(mlflow_db, tmp_path_factory):
     """A tune of TRIALS in an MLflow store, recorded as the tuner records one (made once: the tests
     read it; the export test writes only its own YAML files beside it)."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome
 
     path = tmp_path_factory.mktemp("pareto")
@@ -505,7 +506,7 @@ def test_export_picks_a_front_point_by_constraint_and_it_reruns(store, capsys):
 
 
 def test_no_front_where_energy_was_never_measured_and_the_note_says_why(tmp_path, monkeypatch, mlflow_db):
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client, record_outcome
 
     monkeypatch.chdir(tmp_path)
@@ -536,7 +537,7 @@ def test_a_throughput_energy_tune_on_this_machine_finishes_and_says_what_it_coul
     from mlflow.tracking import MlflowClient
 
     from autohet.pool import load_pool
-    from autohet.running import energy_sources
+    from autohet.strategy_run import energy_sources
     from tests.test_tune import pinned_spaces
 
     spaces = pinned_spaces(tmp_path)
@@ -577,6 +578,6 @@ def test_a_throughput_energy_tune_on_this_machine_finishes_and_says_what_it_coul
         assert run.data.tags.get("pareto") is None
     assert "no Pareto front: energy (energy_j_per_image) was measured in no ok trial" in proc.stdout
     assert parent.data.tags["pareto"].startswith("no Pareto front")
-    if not telemetry.read_temperatures(sources)[0]:
+    if not sensors.read_temperatures(sources)[0]:
         assert "--max-temp 80: no temperature readable here" in proc.stderr
         assert all("no temperature readable" in r.data.tags["unavailable.cooling"] for r in trials)

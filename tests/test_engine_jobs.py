@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from autohet.core.errors import RunTimeout
 from autohet.engine import EngineJob
 from autohet.engine.jobs import run_job
-from autohet.errors import RunTimeout
 from autohet.executors import ExecutorSpec
 from tests.numerics import assert_fp32_close, assert_within_product_tolerance
 
@@ -71,6 +71,7 @@ def test_served_requests_give_the_engine_paths_outputs(precision: str, graph: bo
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
+    from autohet.core.models import build_model
     from autohet.engine import (
         Engine,
         GpuDevice,
@@ -80,7 +81,6 @@ def test_served_requests_give_the_engine_paths_outputs(precision: str, graph: bo
         served_request_latencies,
         with_transfers,
     )
-    from autohet.models import build_model
 
     images = np.random.default_rng(0).standard_normal((6, 1, 28, 28)).astype(np.float32)
     engine = Engine([GpuDevice("g", 0, precision, channels_last=True)])
@@ -100,6 +100,7 @@ def test_served_requests_give_the_engine_paths_outputs(precision: str, graph: bo
 def test_served_requests_on_a_cpu_device_match_the_engine_path() -> None:
     import numpy as np
 
+    from autohet.core.models import build_model
     from autohet.engine import (
         CpuDevice,
         Engine,
@@ -109,7 +110,6 @@ def test_served_requests_on_a_cpu_device_match_the_engine_path() -> None:
         served_request_latencies,
         with_transfers,
     )
-    from autohet.models import build_model
 
     images = np.random.default_rng(1).standard_normal((5, 1, 28, 28)).astype(np.float32)
     engine = Engine([CpuDevice("c", (0,))])
@@ -174,9 +174,9 @@ def test_a_pinned_stream_over_a_bank_that_wraps_gives_every_frame_in_order() -> 
 
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
+    from autohet.core.models import build_model
+    from autohet.core.workload import Workload
     from autohet.engine import Engine, GpuDevice, Step, device_module, pinned_host, stream_frames, with_transfers
-    from autohet.models import build_model
-    from autohet.workload import Workload
 
     bank = np.random.default_rng(2).standard_normal((10, 1, 28, 28)).astype(np.float32)
     workload = Workload(bank, 37)  # frames of 4: 2, 5 and 7 wrap, 9 is padded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.executors import EXECUTOR_KINDS, ExecutorKind, ExecutorSpec, executor_kind, register_executor_kind
 from autohet.pool.ray_pool import actor_options
 

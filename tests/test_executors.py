@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from autohet.context import RunContext
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec, make_executor
-from autohet.models import ModelSpec, build_model
 from autohet.pool import LocalPool, load_pool
-from autohet.running import run_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from tests.numerics import assert_fp32_close, assert_run_fp32_close, assert_within_product_tolerance
 
 
@@ -326,7 +326,7 @@ def test_gpu_executor_scales_uint8_pixels_on_the_device(precision):
     float32 window after them still runs as inputs."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from autohet.workload import PixelScale, Workload
+    from autohet.core.workload import PixelScale, Workload
 
     scale = PixelScale((0.45,), (0.23,))
     pixels = np.random.default_rng(3).integers(0, 256, (150, 1, 28, 28), dtype=np.uint8)

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from autohet.errors import UserError
-from autohet.objectives import LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
+from autohet.core.errors import UserError
+from autohet.core.objectives import LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
 from autohet.tracking import final_pick
 from autohet.tuning.finals import (
     FINAL_MOST_SCALE,

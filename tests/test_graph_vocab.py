@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from autohet.models import build_model
+from autohet.core.models import build_model
 from autohet.partition import OPS, Kind, arg_nodes, node_module, node_shape, op_kind, pair, tensor_args, trace
 from autohet.partition._ops import is_activation, is_key_op
 from autohet.strategies.channels._layers import analyse as channel_analysis

@@ -1,4 +1,4 @@
-"""The collector kept out of timed work (autohet.heap): settled objects are skipped by later
+"""The collector kept out of timed work (autohet.platform.gc_control): settled objects are skipped by later
 collections, and nothing settled is kept once it becomes garbage."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import gc
 import time
 import weakref
 
-from autohet.heap import Collections, settle
+from autohet.platform.gc_control import Collections, settle
 
 
 class _Node:

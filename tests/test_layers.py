@@ -1,11 +1,12 @@
-"""The import layers of the package: cli -> tuning -> tracking -> service -> runtime -> running -> strategies -> context
--> engine/pool -> executors/backends/partition/planners -> base. An import may point down or sideways
-within its layer, never up, and no set of modules may import each other in a circle. Every import
-counts: module level, inside functions (lazy) and under TYPE_CHECKING."""
+"""The import layers of the package: cli -> tuning -> tracking -> service -> runtime -> strategy_run ->
+strategies -> context -> engine/pool -> executors/block_runners/partition/planners -> core/platform. An
+import may point down or sideways within its layer, never up, and no set of modules may import each other
+in a circle. Every import counts: module level, inside functions (lazy) and under TYPE_CHECKING."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "autohet"
 
 LAYERS = [
-    ["autohet.errors", "autohet.yaml_files", "autohet._tv", "autohet._lazy", "autohet.params", "autohet.objectives",
-     "autohet.measurement", "autohet.workload", "autohet.models", "autohet.platform_info", "autohet.ray_runtime",
-     "autohet.telemetry", "autohet.heap", "autohet.host_copy"],
-    ["autohet.executors", "autohet.partition", "autohet.planners", "autohet.backends"],
+    ["autohet.core", "autohet.platform"],
+    ["autohet.executors", "autohet.partition", "autohet.planners", "autohet.block_runners"],
     ["autohet.pool", "autohet.engine"],
     ["autohet.context"],
     ["autohet.strategies"],
-    ["autohet.running", "autohet.config"],
+    ["autohet.strategy_run", "autohet.config"],
     ["autohet.runtime"],
     ["autohet.service"],
     ["autohet.tracking"],
@@ -55,7 +54,15 @@ def resolve(name: str, modules: dict[str, Path]) -> str:
     return name
 
 
-def imports(module: str, modules: dict[str, Path]) -> set[str]:
+TARGET = re.compile(r"autohet(\.\w+)+(:\w+)?")  # a registry's "autohet.pkg.module:Class" string
+
+
+def imports(module: str, modules: dict[str, Path], by_name: bool = False) -> set[str]:
+    """What ``module`` imports: its import statements and, with ``by_name``, what it imports by name at
+    run time: a registry's "module:Class" strings, an f-string's "autohet.pkg.{name}" (the package), the
+    private modules a package front hands out (``lazy_exports``). The layers count both (a lazy import
+    cannot hide an upward arrow); circles count the statements only (a registry names its members by
+    string and its members import its base types: a circle by design, broken at run time)."""
     tree = ast.parse(modules[module].read_text())
     out: set[str] = set()
     for node in ast.walk(tree):
@@ -63,6 +70,16 @@ def imports(module: str, modules: dict[str, Path]) -> set[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names = [f"{node.module}.{a.name}" for a in node.names]
+        elif not by_name:
+            continue
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and TARGET.fullmatch(node.value):
+            names = [node.value.split(":")[0]]
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) \
+                and str(node.values[0].value).startswith("autohet."):
+            names = [str(node.values[0].value).rstrip(".")]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports" and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Dict):
+            names = [f"{module}.{v.value}" for v in node.args[1].values if isinstance(v, ast.Constant)]
         else:
             continue
         out |= {resolve(n, modules) for n in names if n.startswith("autohet.")}
@@ -70,8 +87,8 @@ def imports(module: str, modules: dict[str, Path]) -> set[str]:
     return out
 
 
-def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
-    return {m: imports(m, modules) for m in modules if m != "autohet"}
+def import_graph(modules: dict[str, Path], by_name: bool = False) -> dict[str, set[str]]:
+    return {m: imports(m, modules, by_name) for m in modules if m != "autohet"}
 
 
 def upward(graph: dict[str, set[str]], module: str) -> list[str]:
@@ -117,6 +134,7 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 GRAPH = import_graph(MODULES)
+BY_NAME = import_graph(MODULES, by_name=True)
 
 
 def test_every_module_has_a_layer() -> None:
@@ -126,7 +144,7 @@ def test_every_module_has_a_layer() -> None:
 
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_imports_point_down(module: str) -> None:
-    up = upward(GRAPH, module)
+    up = upward(BY_NAME, module)
     assert not up, f"{module} (layer {layer(module)}) imports {up} from a higher layer"
 
 
@@ -139,16 +157,19 @@ def test_the_checker_reports_upward_lazy_type_only_imports_and_circles(tmp_path)
     """The checker run on a crafted package: an upward import inside a function, one under
     TYPE_CHECKING and one at module level are each reported; a downward one is not; a circle is found."""
     pkg = tmp_path / "autohet"
-    for sub in ("tuning", "pool"):
+    for sub in ("tuning", "pool", "core", "platform"):
         (pkg / sub).mkdir(parents=True)
     files = {
         "__init__.py": "",
-        "errors.py": "import autohet.workload\n",  # sideways, same layer: fine
-        "workload.py": "import autohet.errors\n",  # closes a circle with errors
-        "measurement.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from autohet.tuning import tuner\n"
-                           "def f():\n    from autohet.cli import main\n"),
-        "heap.py": "from autohet.pool.spec import PoolSpec\n",  # module level
-        "context.py": "from autohet.errors import UserError\n",  # downward: fine
+        "core/__init__.py": "",
+        "platform/__init__.py": "",
+        "core/errors.py": "import autohet.core.workload\n",  # sideways, same layer: fine
+        "core/workload.py": "import autohet.core.errors\n",  # closes a circle with errors
+        "core/measurement.py": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                "    from autohet.tuning import tuner\ndef f():\n    from autohet.cli import main\n"),
+        "platform/gc_control.py": "from autohet.pool.spec import PoolSpec\n",  # module level
+        "platform/registry.py": 'TARGETS = {"x": "autohet.tuning.tuner:Tuner"}\n',  # by name, at run time
+        "context.py": "from autohet.core.errors import UserError\n",  # downward: fine
         "cli.py": "",
         "tuning/__init__.py": "",
         "tuning/tuner.py": "",
@@ -158,7 +179,10 @@ def test_the_checker_reports_upward_lazy_type_only_imports_and_circles(tmp_path)
     for name, text in files.items():
         (pkg / name).write_text(text)
     graph = import_graph(find_modules(pkg))
-    assert upward(graph, "autohet.measurement") == ["autohet.cli", "autohet.tuning.tuner"]
-    assert upward(graph, "autohet.heap") == ["autohet.pool.spec"]
-    assert upward(graph, "autohet.context") == upward(graph, "autohet.errors") == []
-    assert import_circles(graph) == [["autohet.errors", "autohet.workload"]]
+    assert upward(graph, "autohet.core.measurement") == ["autohet.cli", "autohet.tuning.tuner"]
+    assert upward(graph, "autohet.platform.gc_control") == ["autohet.pool.spec"]
+    assert upward(graph, "autohet.platform.registry") == []  # by name: only where asked for
+    by_name = import_graph(find_modules(pkg), by_name=True)
+    assert upward(by_name, "autohet.platform.registry") == ["autohet.tuning.tuner"]
+    assert upward(graph, "autohet.context") == upward(graph, "autohet.core.errors") == []
+    assert import_circles(graph) == [["autohet.core.errors", "autohet.core.workload"]]

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import autohet.pool.spec as pool_spec_module
-from autohet.models import ModelSpec
+from autohet.core.models import ModelSpec
+from autohet.core.workload import Workload
 from autohet.pool import PoolSpec, executor_class, identity, load_pool
 from autohet.tuning.manager import PoolManager
-from autohet.workload import Workload
 
 
 class FakePool:
@@ -227,7 +227,7 @@ def test_a_fresh_gpu_executor_first_ends_the_idle_actor_holding_that_gpu(nine_co
 
 def test_the_end_of_a_tune_reports_a_busy_manager_without_waiting_for_it() -> None:
     """No Ray: a breakdown without the manager's counts says why (the last trial's set-up was ended)."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning.progress import Progress
 
     progress = Progress(3, ObjectiveSet.parse("throughput"), 0)
@@ -237,7 +237,7 @@ def test_the_end_of_a_tune_reports_a_busy_manager_without_waiting_for_it() -> No
 
 
 def test_the_breakdown_says_what_cut_trials_cost_of_the_budget() -> None:
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning.progress import Progress
 
     progress = Progress(3, ObjectiveSet.parse("throughput"), 0, time_budget_s=600.0)
@@ -281,7 +281,7 @@ def test_a_single_is_timed_by_its_own_speed(monkeypatch: pytest.MonkeyPatch) -> 
     other strategies by the fastest trial."""
     import ray
 
-    from autohet.objectives import TrialKey
+    from autohet.core.objectives import TrialKey
     from autohet.tuning import trainable
 
     monkeypatch.setattr(ray, "get", lambda value: value)
@@ -310,7 +310,7 @@ def test_a_single_is_timed_by_its_own_speed(monkeypatch: pytest.MonkeyPatch) -> 
 def test_an_estimated_busy_time_is_labelled_in_the_metrics_and_the_report() -> None:
     """Issue 50: a busy time extrapolated from a few timed frames is never logged or printed as measured."""
     from autohet.commands.run import report
-    from autohet.measurement import ExecutorReport, Measurement
+    from autohet.core.measurement import ExecutorReport, Measurement
     from autohet.tuning.trainable import trial_metrics
 
     m = Measurement("lenet", "coedge", {}, 100, 2.0, 50.0, 60.0, 50 / 60, True, 0.0, 1e-3,

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from autohet.context import TOLERANCE
+from autohet.core.models import ModelSpec, build_model, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec, make_executor
 from autohet.executors.cpu_backends import _nnpack
 from autohet.executors.cpu_backends._base import ModelSource
 from autohet.executors.cpu_backends._nnpack import SegmentedProgram, candidate_cuts
-from autohet.models import ModelSpec, build_model, input_shape
 from autohet.partition import trace
-from autohet.workload import Workload, WorkloadSpec
 from tests.numerics import assert_within_product_tolerance
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("onnxruntime") is None or

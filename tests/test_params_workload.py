@@ -3,8 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from autohet.errors import UserError
-from autohet.params import (
+from autohet.core.errors import UserError
+from autohet.core.params import (
     BoolParam,
     ChoiceParam,
     FloatListParam,
@@ -14,7 +14,7 @@ from autohet.params import (
     parse_set_options,
     validate_params,
 )
-from autohet.workload import MAX_DISTINCT_BYTES, Workload, WorkloadSpec
+from autohet.core.workload import MAX_DISTINCT_BYTES, Workload, WorkloadSpec
 
 
 def test_set_options_are_yaml_scalars():
@@ -59,7 +59,7 @@ def test_synthetic_workload_is_seeded_and_bounded(monkeypatch):
     per_image = 3 * 224 * 224 * 4
     assert MAX_DISTINCT_BYTES // per_image < 10_000  # the real cap bounds 10,000 ImageNet images
     # the cap applied, at 8 MB instead of the real 128 (drawing 128 MB of normals takes a second)
-    monkeypatch.setattr("autohet.workload.MAX_DISTINCT_BYTES", 8 * 1024 * 1024)
+    monkeypatch.setattr("autohet.core.workload.MAX_DISTINCT_BYTES", 8 * 1024 * 1024)
     big = Workload.from_spec(WorkloadSpec(10_000, (3, 224, 224)))
     assert big.images == 10_000 and big.bank.nbytes <= 8 * 1024 * 1024
     n = len(big.bank)
@@ -93,7 +93,7 @@ def test_the_check_sample_keeps_its_rows_at_any_length_once_the_images_cycle():
 
 def test_references_are_cached_per_image_and_reused_by_runs_of_other_lengths():
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
 
     bank = np.random.default_rng(0).standard_normal((50, 1, 28, 28), dtype=np.float32)
     ctx = RunContext(ModelSpec("lenet"), Workload(bank, 400), check_images=16)
@@ -115,8 +115,8 @@ def test_the_reference_key_is_the_same_in_another_process():
     import subprocess
     import sys
 
-    code = ("import numpy as np; from autohet.context import RunContext; from autohet.models import ModelSpec; "
-            "from autohet.workload import Workload; "
+    code = ("import numpy as np; from autohet.context import RunContext; from autohet.core.models import ModelSpec; "
+            "from autohet.core.workload import Workload; "
             "bank = np.random.default_rng(0).standard_normal((3, 1, 28, 28), dtype=np.float32); "
             "print(RunContext(ModelSpec('lenet'), Workload(bank, 3))._reference_key(2))")
     keys = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

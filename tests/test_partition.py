@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from autohet.errors import UserError
-from autohet.models import build_model
+from autohet.core.errors import UserError
+from autohet.core.models import build_model
 from autohet.partition import partition
 from tests.numerics import assert_fp32_close
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.planners import linear_transfer, table_transfer
 from autohet.planners.stages import (
     StageProblem,
@@ -166,8 +166,8 @@ def cpu_specs():
 def test_pipelined_frames_come_out_in_order_and_equal_the_model():
     """Stage 0 on one CPU group, stage 1 on the other, three frames in flight: every frame's output
     (the last one padded) equals the model's, in image order."""
+    from autohet.core.models import ModelSpec, build_model
     from autohet.engine import build_engine, stream_frames
-    from autohet.models import ModelSpec, build_model
     from autohet.strategies.pipeline._plan import StagePrograms, model_graph
 
     images = np.random.default_rng(0).standard_normal((70, 3, 32, 32), dtype=np.float32)
@@ -189,10 +189,10 @@ def test_pipelined_frames_come_out_in_order_and_equal_the_model():
 
 def run_pipeline(params: dict, images: int = 384, model: str = "lenet"):
     from autohet.context import RunContext
-    from autohet.models import ModelSpec, input_shape
+    from autohet.core.models import ModelSpec, input_shape
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     pool = LocalPool(load_pool("actors/cpu2.yaml"))
     ctx = RunContext(ModelSpec(model), Workload.from_spec(WorkloadSpec(images, input_shape(model))), check_images=16)
@@ -253,7 +253,7 @@ def test_bad_parameters_fail_in_one_line_before_running():
 
 
 def test_space_sizes_follow_the_pool_and_the_model():
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import PoolSpec, load_pool
     from autohet.strategies import get_strategy
 
@@ -264,7 +264,7 @@ def test_space_sizes_follow_the_pool_and_the_model():
 
 
 def test_the_throughput_space_offers_pipeline_next_to_data_parallel():
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
     from autohet.tuning.space import load_search_space
     from autohet.tuning.tuner import space_context
@@ -304,7 +304,7 @@ def test_the_throughput_space_offers_pipeline_next_to_data_parallel():
 def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     import yaml
 
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
     from autohet.tuning.initial import initial_points
     from autohet.tuning.space import load_search_space
@@ -372,11 +372,11 @@ def test_a_pipeline_over_two_gpus_passes_activations_gpu_to_gpu_and_matches_the_
     if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA GPUs")
     from autohet.context import RunContext
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.executors import ExecutorSpec
-    from autohet.models import ModelSpec
     from autohet.pool import LocalPool, PoolSpec
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     spec = PoolSpec("gpus", [ExecutorSpec(f"gpu{g}", "gpu", (g,), g, batch=16, precision="fp32") for g in (0, 1)])
     ctx = RunContext(ModelSpec("resnet18"), Workload.from_spec(WorkloadSpec(256, (3, 224, 224))), check_images=16,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.planners import (
     Problem,
     critical_path,
@@ -140,15 +140,15 @@ def test_greedy_counts_returning_the_output_to_the_sink_device() -> None:
 def test_placement_strategy_runs_lenet_in_process_with_output_check():
     """The strategy end to end on this machine's CPU: blocks timed, placed, latency checked."""
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     workload = Workload.from_spec(WorkloadSpec(64, (1, 28, 28)))
     ctx = RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=20)
     m = run_strategy("placement", {"runs": 3}, LocalPool(load_pool("actors/cpu2.yaml")), ctx)
-    from autohet.models import build_model
+    from autohet.core.models import build_model
     from tests.numerics import assert_run_fp32_close
 
     assert_run_fp32_close(m, build_model("lenet"))
@@ -162,11 +162,11 @@ def test_placement_refuses_simulated_pools():
     import pytest
 
     from autohet.context import RunContext
-    from autohet.errors import UserError
-    from autohet.models import ModelSpec
+    from autohet.core.errors import UserError
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import VirtualPool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
     from tests.conftest import sim_pool_spec
 
     workload = Workload.from_spec(WorkloadSpec(8, (1, 28, 28)))

@@ -8,9 +8,9 @@ import pickle
 import optuna
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec, build_model
 from autohet.planners import Problem, decode, greedy, linear_transfer, place
 from autohet.pool import PoolSpec
 from autohet.strategies.placement import check_vector
@@ -194,7 +194,7 @@ def test_space_context_partitions_only_when_a_vector_can_be_searched(monkeypatch
 
 def _lenet_ctx(runs: int = 8):
     from autohet.context import RunContext
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.core.workload import Workload, WorkloadSpec
 
     workload = Workload.from_spec(WorkloadSpec(16, (1, 28, 28)))
     return RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=runs)
@@ -207,7 +207,7 @@ def _local_pool():
 
 
 def test_given_vector_runs_as_given_on_a_cpu_pool_and_is_recorded() -> None:
-    from autohet.running import run_strategy
+    from autohet.strategy_run import run_strategy
 
     n = block_count(ModelSpec("lenet"))
     vector = [0] * n
@@ -221,7 +221,7 @@ def test_given_vector_runs_as_given_on_a_cpu_pool_and_is_recorded() -> None:
 
 
 def test_given_start_without_vector_on_a_cpu_pool_is_all_cpu_and_exported() -> None:
-    from autohet.running import run_strategy
+    from autohet.strategy_run import run_strategy
 
     m = run_strategy("placement", {"start": "given", "x": 0, "runs": 2}, _local_pool(), _lenet_ctx())
     assert m.output_ok
@@ -229,7 +229,7 @@ def test_given_start_without_vector_on_a_cpu_pool_is_all_cpu_and_exported() -> N
 
 
 def test_wrong_length_or_index_is_a_one_line_user_error() -> None:
-    from autohet.running import run_strategy
+    from autohet.strategy_run import run_strategy
 
     n = block_count(ModelSpec("lenet"))
     with pytest.raises(UserError) as info:
@@ -243,7 +243,7 @@ def test_wrong_length_or_index_is_a_one_line_user_error() -> None:
 @pytest.mark.slow  # with its Ray start, more than 10 s on the 2-core box
 def test_wrong_length_through_the_ray_actor_is_the_same_one_line_error(ray_local) -> None:
     from autohet.pool import RayPool, load_pool
-    from autohet.running import run_strategy
+    from autohet.strategy_run import run_strategy
 
     pool = RayPool(load_pool("actors/cpu1.yaml"))
     try:
@@ -259,7 +259,7 @@ def test_wrong_length_through_the_ray_actor_is_the_same_one_line_error(ray_local
 
 def test_exported_config_carries_the_vector_for_autohet_run(tmp_path) -> None:
     from autohet.config import RunConfig, load_config, write_config
-    from autohet.params import validate_params
+    from autohet.core.params import validate_params
     from autohet.pool import load_pool
     from autohet.strategies import get_strategy
 

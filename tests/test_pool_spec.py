@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.executors import ExecutorSpec
 from autohet.pool import PoolSpec, check_local_devices, detect_executors, load_pool
 

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from autohet.context import RunContext
+from autohet.core.models import ModelSpec
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec
 from autohet.pool import PoolSpec, RayPool
-from autohet.running import run_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ def cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from autohet.ray_runtime import init_ray, ray_temp_dir
+    from autohet.platform.ray_cluster import init_ray, ray_temp_dir
 
     if ray.is_initialized():
         ray.shutdown()
@@ -103,8 +103,8 @@ def test_serve_puts_a_replica_on_the_second_node_and_refuses_a_replica_that_cann
 
     from autohet.config import RunConfig, write_config
     from autohet.context import TOLERANCE
-    from autohet.errors import UserError
-    from autohet.models import build_model
+    from autohet.core.errors import UserError
+    from autohet.core.models import build_model
     from autohet.service import Service, ServiceOptions
     from tests.test_serve import free_port
 

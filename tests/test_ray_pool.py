@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from autohet.context import RunContext
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec, build_model
 from autohet.pool import PoolSpec, RayPool, load_pool
-from autohet.running import run_strategy
 from autohet.strategies._driver import RAISE_MARGIN
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from tests.numerics import assert_run_fp32_close
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # actors start in 5-20 s each on the 2-core box
@@ -152,7 +152,7 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
 
     from ray.exceptions import RayActorError
 
-    from autohet.errors import RunTimeout
+    from autohet.core.errors import RunTimeout
 
     pool, ctx = _fast_beside_slow("cut", 50000.0, 2000, 2.0)
     try:
@@ -179,7 +179,7 @@ def test_a_run_past_its_deadline_is_cut_and_the_busy_executor_replaced(ray_local
 def test_a_cut_run_names_only_the_executors_whose_sent_parts_do_not_finish_within_the_wait(ray_local):
     """A unit of 2.5 s on an executor cut at 1 s: after waiting 5 s for its sent parts it is done and
     needs no replacing (settle names nobody); the actor then runs the next run at once."""
-    from autohet.errors import RunTimeout
+    from autohet.core.errors import RunTimeout
 
     spec = PoolSpec("settle", [ExecutorSpec("quick", "sim", speed_ips=200.0)])
     workload = Workload.from_spec(WorkloadSpec(500, (1, 28, 28)))
@@ -200,7 +200,7 @@ def test_a_cut_run_keeps_an_executor_done_at_once_beside_one_that_stays_busy(ray
     """Both executors busy at the cut: the fast one's parts end in milliseconds, the slow one's unit
     (200 images at 10 img/s) outlives the wait. Only the slow one is named: the fast one's drain was
     not left waiting until the slow one's parts had used the whole wait (it then had none)."""
-    from autohet.errors import RunTimeout
+    from autohet.core.errors import RunTimeout
 
     pool, ctx = _fast_beside_slow("settle2", 4000.0, 40000, 1.0)
     try:

@@ -13,9 +13,9 @@ import pytest
 import autohet
 from autohet.config import RunConfig, write_config
 from autohet.context import TOLERANCE
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model, input_shape
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec, build_model, input_shape
 from autohet.pool import LocalPool, PoolSpec, load_pool
 from autohet.strategies import get_strategy
 
@@ -104,8 +104,8 @@ def test_a_greedy_config_is_planned_once_at_load_and_its_export_runs_the_planned
     """The run's plan (``plan_params``, what the tuner exports under ``plan``) loads as given and
     nothing is measured; the same config without it is planned once, at load."""
     from autohet.context import RunContext
-    from autohet.running import run_strategy
-    from autohet.workload import workload_for
+    from autohet.core.workload import workload_for
+    from autohet.strategy_run import run_strategy
 
     strategy, objective, given = family_params("lenet", family)
     params = {k: v for k, v in given.items() if k in ("batch", "x")} | {"runs": 1}
@@ -210,7 +210,7 @@ def test_a_large_copy_split_over_threads_gives_the_same_rows():
 
     import torch
 
-    from autohet.host_copy import _cores, _pool, copy_rows
+    from autohet.platform.host_copy import _cores, _pool, copy_rows
 
     src = torch.randn(40, 1024, 1024)  # 160 MB: several chunks
     dst = torch.empty(40, 1024, 1024, dtype=torch.float16)
@@ -224,7 +224,7 @@ def test_parts_copied_at_once_land_in_order():
     at once, each landing at its own rows, a dtype conversion included, small parts too."""
     import torch
 
-    from autohet.host_copy import copy_parts
+    from autohet.platform.host_copy import copy_parts
 
     parts = [torch.randn(n, 512, 1024) for n in (70, 3, 41, 1)]  # 140 MB, 6 MB, 86 MB, 2 MB
     dst = torch.zeros(sum(len(p) for p in parts) + 5, 512, 1024, dtype=torch.float16)

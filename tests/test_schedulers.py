@@ -166,7 +166,7 @@ def test_dead_executor_work_is_redispatched_exactly_once(name):
 
 
 def test_all_executors_dead_is_an_error():
-    from autohet.errors import UserError
+    from autohet.core.errors import UserError
 
     with pytest.raises(UserError, match="every executor died"):
         run("fifo", [1000.0, 1000.0], total=3000, die_at={0: 0.01, 1: 0.01})
@@ -192,7 +192,7 @@ def test_unit_batches_sizes_fixed_work_in_each_executors_batches(name, params):
 
 
 def test_a_deadline_cuts_the_run_and_names_the_busy_executors():
-    from autohet.errors import RunTimeout
+    from autohet.core.errors import RunTimeout
 
     strategy = get_strategy("static")
     disp = VirtualClockDispatcher(["fast", "slow"], [1000.0, 1.0])

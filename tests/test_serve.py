@@ -25,9 +25,9 @@ import pytest
 
 from autohet.config import RunConfig, write_config
 from autohet.context import TOLERANCE
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, build_model
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec, build_model
 from autohet.pool import PoolSpec, load_pool
 from autohet.runtime.images import decode, preprocessing_for
 from autohet.service.plan import PARTITIONS, plan_replicas, replica_load

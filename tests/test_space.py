@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.pool import load_pool
 from autohet.tuning.initial import initial_points
 from autohet.tuning.space import OPTUNA_TRIAL_KEY, DefineByRun, SearchSpace, SpaceContext, load_search_space
@@ -114,7 +114,7 @@ def test_the_cpu_singles_of_an_auto_pool_run_one_group_of_every_core(monkeypatch
 def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     """StagedSearch enqueues the strategies only once every single reported, with the best single's
     executor settings; a single that is not ok never sets them."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning.initial import Stage
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
@@ -146,7 +146,7 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
     """The CPU group's batch points wait for the variants, run at the best variant's settings with their
     own batch, and the strategies after them on groups of that size get the batch that won (not the
     variants' 16); a strategy on groups of another size keeps its own batch."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning.initial import Stage
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
@@ -187,7 +187,7 @@ def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups(
     (at its own batch); the best probe's settings, its batch included, go to the strategies on the probes'
     groups, the best single's to those on the singles' group; the strategies' point that is the winning
     probe is not run again."""
-    from autohet.objectives import ObjectiveSet, TrialKey
+    from autohet.core.objectives import ObjectiveSet, TrialKey
     from autohet.tuning.initial import CLOSE_TO_BEST, Stage
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
@@ -240,8 +240,8 @@ def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups(
 def test_the_split_winner_keeps_a_refinement_its_probe_could_not_tell_apart():
     """The best probe, unless a probe of a backend that refines it (CPU_REFINES) at the same other
     settings came within CLOSE_TO_BEST of it; a refinement at other settings, or further off, loses."""
+    from autohet.core.objectives import THROUGHPUT
     from autohet.executors.cpu_backends import CPU_REFINES
-    from autohet.objectives import THROUGHPUT
     from autohet.tuning.initial import CLOSE_TO_BEST, split_winner
 
     assert CPU_REFINES["onnxruntime_nnpack"] == "onnxruntime"
@@ -258,7 +258,7 @@ def test_the_split_winner_keeps_a_refinement_its_probe_could_not_tell_apart():
 def cpu2_fifo_search(monkeypatch, clock: list[float]):
     """A StagedSearch of fifo over actors/cpu2.yaml with one eager single first, its clock ``clock[0]``
     (stepped by hand)."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tuning import search as search_module
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
@@ -278,7 +278,7 @@ def test_past_the_acquire_cap_sampled_points_keep_the_best_trials_topology(monke
     """After both stages, while acquiring took more than ACQUIRE_SHARE_CAP of the tune's time, each
     sampled point is asked with the best trial's pool dims (no new topology) and each kind at its best
     single's settings (no new build); under it, the sampler picks them freely."""
-    from autohet.objectives import TrialKey
+    from autohet.core.objectives import TrialKey
 
     clock = [1000.0]
     search = cpu2_fifo_search(monkeypatch, clock)
@@ -303,7 +303,7 @@ def test_the_acquire_cap_looks_ahead_to_the_tunes_expected_length(monkeypatch):
     """Under the cap so far, a sampled point still keeps the best topology when one more acquiring as
     long as the longest so far would take acquiring past the cap of the tune's expected length: the
     deadline, or sooner the trials left at the mean trial time so far."""
-    from autohet.objectives import TrialKey
+    from autohet.core.objectives import TrialKey
     from autohet.tuning import search as search_module
 
     clock = [1000.0]

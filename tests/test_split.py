@@ -8,19 +8,19 @@ import pytest
 import torch
 from torch import nn
 
-from autohet import telemetry
 from autohet.context import RunContext
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.engine import CpuDevice, Engine
-from autohet.errors import UserError
-from autohet.models import ModelSpec, input_shape
 from autohet.planners.split import ChainCost, balance
+from autohet.platform import sensors, thermal
+from autohet.platform.thermal import temperature_violation
 from autohet.pool import LocalPool, load_pool
-from autohet.running import run_strategy
 from autohet.strategies.split._chains import spatial_graph
 from autohet.strategies.split._programs import StagePrograms, coedge_groups
 from autohet.strategies.split._rows import RowNode, Window, needs, pieces, split_rows
-from autohet.strategies.thermal import temperature_violation
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 from tests.numerics import assert_fp32_close
 
 # --- the row arithmetic -------------------------------------------------------------------------------
@@ -283,8 +283,8 @@ def test_space_sizes_give_the_chain_count():
 
 
 def test_temperature_unavailable_says_why(tmp_path):
-    none = telemetry.psutil_temperatures(read=dict) + telemetry.sysfs_temperatures(tmp_path / "none")
-    with telemetry.TemperatureWatch(none) as watch:
+    none = sensors.psutil_temperatures(read=dict) + sensors.sysfs_temperatures(tmp_path / "none")
+    with thermal.TemperatureWatch(none) as watch:
         pass
     report = watch.report()
     assert "is empty" in report["unavailable"] and "no readable thermal zone" in report["unavailable"]
@@ -296,9 +296,9 @@ def test_temperature_from_sysfs_and_a_violation(tmp_path, monkeypatch):
     zone.mkdir()
     (zone / "type").write_text("x86_pkg_temp\n")
     (zone / "temp").write_text("71500\n")
-    assert telemetry.read_temperatures(telemetry.sysfs_temperatures(tmp_path))[0] == {"x86_pkg_temp": 71.5}
-    hot = telemetry.Sources(gauges=[telemetry.Gauge("temp_c", lambda: {"cpu": 99.0})])
-    monkeypatch.setattr(telemetry, "default_sources", lambda gpus=(): hot)
+    assert sensors.read_temperatures(sensors.sysfs_temperatures(tmp_path))[0] == {"x86_pkg_temp": 71.5}
+    hot = sensors.Sources(gauges=[sensors.Gauge("temp_c", lambda: {"cpu": 99.0})])
+    monkeypatch.setattr(sensors, "default_sources", lambda gpus=(): hot)
     m = run("split", "latency", {"runs": 1, "max_temp": 80.0})
     assert m.extra["temperature"]["devices"]["cpu"]["max_c"] == 99.0  # exact: the fake sensor's reading
     assert "cpu reached 99.0 °C, above max_temp 80" in m.extra["violation"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from autohet.backends import TorchRunner, TvmRunner, make_runner, time_runner
-from autohet.errors import UserError
-from autohet.models import build_model
+from autohet.block_runners import TorchRunner, TvmRunner, make_runner, time_runner
+from autohet.core.errors import UserError
+from autohet.core.models import build_model
 from autohet.partition import partition
 from tests.numerics import (
     assert_fp32_close,
@@ -116,7 +116,7 @@ def test_tvm_cuda_block_matches_torch(tvm_dir: Path) -> None:
 def test_tvm_cuda_kernels_from_the_libnvrtc_fallback_run(tvm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The fallback compiler (libnvrtc through ctypes, no headers) on a real GPU, whichever one
     ensure_cuda would pick on this machine."""
-    from autohet.backends.tvm import _toolchain, tvm_target
+    from autohet.block_runners.tvm import _toolchain, tvm_target
 
     libs = _toolchain._find_lib("libnvrtc")
     if not libs:
@@ -143,8 +143,8 @@ def test_tvm_cuda_kernels_from_the_libnvrtc_fallback_run(tvm_dir: Path, monkeypa
 def test_metaschedule_in_one_child_stops_at_its_budget_then_fills_a_reused_database(tvm_dir: Path) -> None:
     """One tuning child serves two jobs (its start is most of a tune's cost on a small box): the first
     with its budget already spent proposes nothing and is not recorded as done; the second tunes."""
-    from autohet.backends import tune_blocks
-    from autohet.backends.tvm import TuneSession
+    from autohet.block_runners import tune_blocks
+    from autohet.block_runners.tvm import TuneSession
 
     graph = partition("lenet", batch=1)
     block, other = graph.blocks[0], graph.blocks[2]
@@ -189,7 +189,7 @@ def test_bench_tvm_gpu_smoke_tunes_and_times_lenet_on_the_cpu(tvm_dir: Path, tmp
 
 
 def test_no_cuda_compiler_is_a_one_line_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from autohet.backends.tvm import _toolchain
+    from autohet.block_runners.tvm import _toolchain
 
     monkeypatch.delenv("AUTOHET_TVM_CUDA_COMPILER", raising=False)
     monkeypatch.delenv("AUTOHET_NVRTC_LIB", raising=False)
@@ -214,7 +214,7 @@ def test_nvrtc_fallback_compiles_tvm_cuda_code_without_headers() -> None:
     """TVM's generated CUDA C compiled by libnvrtc alone (skipped where no libnvrtc is installed)."""
     import tvm
 
-    from autohet.backends.tvm import _toolchain, to_relax
+    from autohet.block_runners.tvm import _toolchain, to_relax
 
     libs = _toolchain._find_lib("libnvrtc")
     if not libs:
@@ -238,7 +238,7 @@ def test_nvrtc_fallback_compiles_tvm_cuda_code_without_headers() -> None:
 
 
 def test_partial_database_lines_are_dropped(tmp_path: Path) -> None:
-    from autohet.backends.tvm._tune_parent import _count_lines, _repair_jsonl
+    from autohet.block_runners.tvm._tune_parent import _count_lines, _repair_jsonl
 
     path = tmp_path / "database_tuning_record.json"
     path.write_bytes(b'[0, [1, 2]]\n[1, [3, 4]]\n[2, [5,')
@@ -253,10 +253,10 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
     the placed model still matches the reference and both whole-model baselines are measured."""
     import autohet.strategies.placement as placement_mod
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     def refuse(model: str, devices: list[str]) -> None:
         raise AssertionError("per_block must not require a tuned database")
@@ -277,10 +277,10 @@ def test_placement_per_block_backend_takes_the_faster_measured_backend_per_cell(
 def test_placement_per_block_without_a_database_measures_torch_only(tvm_dir: Path) -> None:
     """No MetaSchedule database: TVM is not timed at all (untuned it would cost minutes and lose)."""
     from autohet.context import RunContext
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload, WorkloadSpec
     from autohet.pool import LocalPool, load_pool
-    from autohet.running import run_strategy
-    from autohet.workload import Workload, WorkloadSpec
+    from autohet.strategy_run import run_strategy
 
     workload = Workload.from_spec(WorkloadSpec(16, (1, 28, 28)))
     ctx = RunContext(ModelSpec("lenet"), workload, mode="latency", latency_runs=5)

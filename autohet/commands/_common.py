@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autohet.errors import UserError
-from autohet.models import ModelSpec, input_shape
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, input_shape
 from autohet.pool import LocalPool, Pool, PoolSpec, RayPool, check_local_devices
 
 __all__ = ["add_model_args", "add_pool_args", "add_workload_args", "make_pool", "model_spec", "require_positive",
@@ -42,7 +42,7 @@ def model_spec(args: argparse.Namespace) -> ModelSpec:
     spec = ModelSpec(args.model, args.weights_seed, args.checkpoint)
     input_shape(spec.name)  # validates the name early
     if spec.checkpoint:
-        from autohet.models import check_checkpoint
+        from autohet.core.models import check_checkpoint
 
         check_checkpoint(spec)  # a bad file fails here, in one line, not inside an executor
     return spec
@@ -53,7 +53,7 @@ def make_pool(spec: PoolSpec, address: str | None, in_process: bool = False,
     if in_process:
         check_local_devices(spec)
         return LocalPool(spec)
-    from autohet.ray_runtime import init_ray
+    from autohet.platform.ray_cluster import init_ray
 
     init_ray(address)
     return RayPool(spec, name_prefix)

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tracking import experiment_runs, summarize, tune_objective
 
     client, _, runs = experiment_runs(args.experiment, args.tracking_uri)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["register", "handler"]
 
@@ -52,7 +52,7 @@ def _select(graph: object, spec: str) -> list:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from autohet.backends import TorchRunner, TvmRunner, parse_device, time_runner, tune_blocks
+    from autohet.block_runners import TorchRunner, TvmRunner, parse_device, time_runner, tune_blocks
     from autohet.partition import partition
 
     if args.trials < 0:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["register"]
 
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.tracking import (
         constraints_from,
         experiment_runs,

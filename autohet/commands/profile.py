@@ -14,7 +14,7 @@ import sys
 import time
 
 from autohet.commands._common import add_model_args, add_pool_args, make_pool, model_spec, table
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.pool import StandaloneCache, executor_class
 
 __all__ = ["register"]
@@ -31,8 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from autohet.core.workload import workload_for
     from autohet.pool.resolve import resolve_pool
-    from autohet.workload import workload_for
 
     try:
         batches = [int(b) for b in args.batches.split(",") if b.strip()]

@@ -23,12 +23,12 @@ from autohet.commands._common import (
     table,
 )
 from autohet.context import RunContext
-from autohet.errors import UserError
-from autohet.measurement import Measurement
-from autohet.objectives import ObjectiveSet
-from autohet.params import parse_set_options
+from autohet.core.errors import UserError
+from autohet.core.measurement import Measurement
+from autohet.core.objectives import ObjectiveSet
+from autohet.core.params import parse_set_options
 from autohet.pool import StandaloneCache
-from autohet.running import run_strategy
+from autohet.strategy_run import run_strategy
 
 __all__ = ["register", "report"]
 
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _from_config(args: argparse.Namespace):
     from autohet.config import load_config
-    from autohet.platform_info import fingerprint, fingerprint_differences
+    from autohet.platform.fingerprint import fingerprint, fingerprint_differences
 
     config = load_config(args.config)
     diffs = fingerprint_differences(config.platform, fingerprint()) if config.platform else []
@@ -170,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
     if args.timeout is not None and args.timeout <= 0:
         raise UserError(f"--timeout must be positive seconds, got {args.timeout}")
     mode = ObjectiveSet.parse(args.objective or "throughput").mode
-    from autohet.workload import workload_for
+    from autohet.core.workload import workload_for
 
     workload = workload_for(model.name, images, data_seed, npy or args.npy)
     pool = make_pool(pool_spec, args.address, args.in_process)

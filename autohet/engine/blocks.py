@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from autohet.backends import backend_of, make_runner, time_runner
+from autohet.block_runners import backend_of, make_runner, time_runner
 from autohet.engine.devices import HOST, Device, Value
 from autohet.engine.program import Engine, Program, Step, move, transfer_worker, with_transfers
 from autohet.engine.toolkit import ChannelsLast, fit_link, graphed, mean_seconds, on_stream, time_each

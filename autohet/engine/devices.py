@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.executors.cpu import pin_thread
 from autohet.executors.gpu import DTYPES, use_tf32
 from autohet.pool.worker import Worker

@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from autohet.core.errors import RunTimeout, UserError
 from autohet.engine.devices import CpuDevice, Device, GpuDevice
 from autohet.engine.program import Engine
-from autohet.errors import RunTimeout, UserError
 from autohet.executors.base import ExecutorSpec
 
 __all__ = ["EngineActor", "EngineJob", "build_engine", "device_for", "run_job"]

@@ -19,7 +19,7 @@ import torch
 from autohet.engine.devices import Device
 from autohet.engine.program import Engine, FrameStream, Program, Step, with_transfers
 from autohet.engine.toolkit import graphed, in_layout, on_stream, time_each
-from autohet.heap import settle
+from autohet.platform.gc_control import settle
 
 __all__ = ["BatchOneServer", "device_module", "frames_through", "pinned_host", "request_example", "request_latencies",
            "served_request_latencies", "stream_frames", "timed_requests", "whole_model_program"]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from autohet.executors.compiled import graph_call
-from autohet.heap import settle
+from autohet.platform.gc_control import settle
 
 if TYPE_CHECKING:
     from autohet.engine.devices import Device

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autohet.core.models import ModelSpec
 from autohet.executors.base import (
     BACKENDS,
     EXECUTOR_PARAMS,
@@ -12,7 +13,6 @@ from autohet.executors.base import (
     UnitResult,
 )
 from autohet.executors.kinds import EXECUTOR_KINDS, ExecutorKind, executor_kind, register_executor_kind
-from autohet.models import ModelSpec
 
 __all__ = ["BACKENDS", "EXECUTOR_KINDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor",
            "ExecutorKind", "ExecutorSpec", "UnitResult", "executor_kind", "make_executor", "register_executor_kind",

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from autohet.core.models import ModelSpec
+from autohet.core.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
+from autohet.core.workload import PixelScale, Workload
 from autohet.executors.cpu_backends._registry import CPU_BACKENDS
 from autohet.executors.kinds import ExecutorKind, executor_kind
-from autohet.models import ModelSpec
-from autohet.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
-from autohet.workload import PixelScale, Workload
 
 __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult",
            "join_parts"]
@@ -176,7 +176,7 @@ def join_parts(parts: list[np.ndarray], out: np.ndarray | None = None) -> np.nda
 
     import torch
 
-    from autohet.host_copy import copy_parts
+    from autohet.platform.host_copy import copy_parts
 
     total = sum(len(p) for p in parts)
     if out is None:

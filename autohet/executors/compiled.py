@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "cpu_flags", "graph_call",

@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import check_backend
 from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
-from autohet.workload import Workload
 
 __all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "own_threads",
            "pin_thread"]

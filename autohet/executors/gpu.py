@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import build_model
+from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import GraphedCall, check_backend, compile_module, graph_call
 from autohet.executors.cpu import pin_thread
-from autohet.models import build_model
-from autohet.workload import Workload
 
 __all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch", "use_tf32"]
 
@@ -197,7 +197,7 @@ class GpuExecutor(Executor):
         dtype that later calls reuse (grown when a call is larger), copied on several threads."""
         import warnings
 
-        from autohet.host_copy import copy_rows
+        from autohet.platform.host_copy import copy_rows
 
         rows = np.asarray(workload.bank)
         dtype = self._staged_dtype(rows)
@@ -234,7 +234,7 @@ class GpuExecutor(Executor):
         Parts already page-locked and in that dtype are left where they are (no copy)."""
         import warnings
 
-        from autohet.host_copy import copy_parts
+        from autohet.platform.host_copy import copy_parts
 
         total = sum(len(p) for p in parts)
         dtype = self._staged_dtype(parts[0])

@@ -15,7 +15,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["Partition", "equal_share", "sm_partitions"]
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autohet.errors import UserError, unknown_name
+from autohet.core.errors import UserError, unknown_name
 
 __all__ = ["EXECUTOR_KINDS", "ExecutorKind", "executor_kind", "register_executor_kind"]
 

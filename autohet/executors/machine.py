@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["compile_cache_dir", "cpu_flags", "native_cpu_bf16", "use_compile_cache"]
 

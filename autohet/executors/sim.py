@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
+from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
-from autohet.workload import Workload
 
 __all__ = ["SimExecutor", "sim_outputs"]
 
@@ -26,7 +26,7 @@ class SimExecutor(Executor):
 
     def load(self, workload: Workload) -> None:
         if self.spec.speed_ips <= 0:
-            from autohet.errors import UserError
+            from autohet.core.errors import UserError
 
             raise UserError(f"simulated executor {self.spec.name} needs speed_ips > 0 in the pool file")
         self.workload = workload

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.partition._build import build_blocks
 from autohet.partition._graph import Block, BlockGraph, format_count
 from autohet.partition._trace import trace
@@ -40,7 +40,7 @@ def partition(model: str | nn.Module, batch: int = 1, *, seed: int = 0, branches
               name: str | None = None) -> BlockGraph:
     """The model's block DAG for inputs of ``batch`` images.
 
-    ``model`` is a model name for ``autohet.models.build_model`` or a module (then give
+    ``model`` is a model name for ``autohet.core.models.build_model`` or a module (then give
     ``input_shape`` as C,H,W). ``branches`` also splits joins of disjoint branches (inception,
     resnet down-sampling) into parallel blocks. ``cuts`` lists fx node names to cut after instead
     of the key-operator rule; such cuts may carry several tensors, giving multi-input blocks.
@@ -49,8 +49,8 @@ def partition(model: str | nn.Module, batch: int = 1, *, seed: int = 0, branches
     if batch < 1:
         raise UserError(f"batch must be at least 1, got {batch}")
     if isinstance(model, str):
-        from autohet.models import build_model
-        from autohet.models import input_shape as shape_of
+        from autohet.core.models import build_model
+        from autohet.core.models import input_shape as shape_of
 
         input_shape = shape_of(model)
         name = name or model

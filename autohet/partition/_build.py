@@ -16,7 +16,7 @@ import hashlib
 import torch
 from torch import fx
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.partition._graph import Block, BlockGraph, _nbytes
 from autohet.partition._ops import is_activation, is_key_op, node_macs, node_params, op_name, out_metas
 

@@ -12,7 +12,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["trace"]
 

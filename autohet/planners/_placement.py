@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.planners._placement_problem import Problem
 
 __all__ = ["PlacementResult", "critical_path", "decode", "encode", "greedy", "place", "search_space",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["Problem", "TransferFn", "linear_transfer", "table_transfer"]
 

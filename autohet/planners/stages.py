@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.planners._placement_problem import TransferFn, linear_transfer
 
 __all__ = ["PayerFn", "Stage", "StagePlan", "StageProblem", "boundary_bytes", "boundary_values", "evaluate_stages",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.planners.shares import even_finish_shares
 
 __all__ = ["LaneStats", "Lanes", "slice_parts", "whole_batch_shares"]

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
+from autohet.core.workload import PixelScale, Workload
 from autohet.executors import Executor, ExecutorSpec, executor_kind, make_executor, runs_ahead
-from autohet.models import ModelSpec
+from autohet.platform.ray_cluster import get_interruptibly, wait_interruptibly
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher, VirtualClockDispatcher
 from autohet.pool.spec import PoolSpec
 from autohet.pool.worker import Worker
-from autohet.ray_runtime import get_interruptibly, wait_interruptibly
-from autohet.workload import PixelScale, Workload
 
 if TYPE_CHECKING:
     from autohet.pool.lanes import Lanes

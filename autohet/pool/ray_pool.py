@@ -16,13 +16,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
+from autohet.core.workload import Workload
 from autohet.executors import ExecutorSpec, make_executor
-from autohet.heap import settle
-from autohet.models import ModelSpec
+from autohet.platform.gc_control import settle
 from autohet.pool.dispatch import Completion, Dispatcher, Ready
 from autohet.pool.spec import PoolSpec
-from autohet.workload import Workload
 
 __all__ = ["ExecutorActor", "ExecutorGroupActor", "MemberHandle", "RayDispatcher", "actor_options", "group_options",
            "kill_actor", "ray_node_id", "user_errors"]

@@ -10,8 +10,8 @@ __all__ = ["resolve_pool"]
 def resolve_pool(path: str | None, address: str | None) -> PoolSpec:
     """Reads the pool file; on a cluster, ``auto`` spans every node."""
     if address and (path in (None, "auto") or str(path).endswith("auto.yaml")):
+        from autohet.platform.ray_cluster import init_ray
         from autohet.pool.cluster import detect_cluster_pool
-        from autohet.ray_runtime import init_ray
 
         init_ray(address)
         return detect_cluster_pool(path)

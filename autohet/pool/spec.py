@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.params import validate_params
+from autohet.core.yaml_files import read_yaml_mapping
 from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
 from autohet.executors.kinds import EXECUTOR_KINDS
-from autohet.params import validate_params
-from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["GPU_BOX_GROUP", "POOL_DIMS", "POOL_VERSION", "PoolSpec", "detect_executors", "load_pool"]
 

@@ -12,8 +12,8 @@ from typing import BinaryIO
 
 import numpy as np
 
-from autohet.errors import UserError
-from autohet.workload import PixelScale
+from autohet.core.errors import UserError
+from autohet.core.workload import PixelScale
 
 __all__ = ["BadImage", "Preprocessing", "decode", "decode_batch", "decode_pixels", "normalise", "pin_process"]
 

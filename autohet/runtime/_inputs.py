@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["Batch", "ReadAhead", "as_batch", "join"]
 

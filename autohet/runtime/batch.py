@@ -20,7 +20,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["OUTPUT_SUFFIXES", "run_batch", "top_classes"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from autohet.config import Preprocess
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.runtime._decode import BadImage, Preprocessing, decode, decode_batch, decode_pixels, pin_process
 
 __all__ = ["IMAGE_SUFFIXES", "BadImage", "Decoders", "Preprocessing", "decode", "decode_pixels", "list_images",

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.config import RunConfig, load_config
-from autohet.errors import UserError
-from autohet.models import ModelSpec, input_shape
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec, input_shape
+from autohet.core.workload import PixelScale
 from autohet.runtime._inputs import Batch, ReadAhead, as_batch, join
-from autohet.workload import PixelScale
 
 if TYPE_CHECKING:
     from autohet.pool import Pool, PoolSpec
@@ -235,7 +235,7 @@ class Runner:
     def _check(self, images: np.ndarray, outputs: np.ndarray) -> None:
         """The first call's outputs against the single-device fp32 reference (RunContext's check)."""
         from autohet.context import RunContext
-        from autohet.workload import Workload
+        from autohet.core.workload import Workload
 
         if images.dtype == np.uint8:
             images = self._pixel_scale().apply(images)
@@ -314,13 +314,13 @@ def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint
     source = str(config) if not isinstance(config, RunConfig) else "the config"
     cfg = config if isinstance(config, RunConfig) else load_config(config)
     if cfg.platform:
-        from autohet.platform_info import fingerprint, fingerprint_differences
+        from autohet.platform.fingerprint import fingerprint, fingerprint_differences
 
         for line in fingerprint_differences(cfg.platform, fingerprint()):
             log.warning("autohet: warning: platform differs from the tuned one (%s); its speeds may not hold", line)
     spec = _model(cfg, model, checkpoint)
     pool_spec = _pool_spec(cfg, pool)
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.strategies import get_strategy
 
     mode = ObjectiveSet.parse(cfg.objective).mode
@@ -337,8 +337,8 @@ def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint
     if ray or address:
         import ray as ray_module
 
+        from autohet.platform.ray_cluster import init_ray
         from autohet.pool import RayPool
-        from autohet.ray_runtime import init_ray
 
         owns_ray = not ray_module.is_initialized()
         init_ray(address)
@@ -350,7 +350,7 @@ def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint
         executors = LocalPool(pool_spec)
     try:
         strategy.check_pool(executors, params)
-        from autohet.workload import workload_for
+        from autohet.core.workload import workload_for
 
         sample = workload_for(spec.name, max(8, 2 * max(e.batch for e in pool_spec.executors)), cfg.workload_seed)
         served = strategy.serve(executors, spec, params, mode, sample)
@@ -390,7 +390,7 @@ def _model(cfg: RunConfig, name: str | None, checkpoint: str | None) -> ModelSpe
     spec = ModelSpec(name or cfg.model.name, cfg.model.seed, checkpoint or cfg.model.checkpoint)
     input_shape(spec.name)  # an unknown name fails here, in one line
     if spec.checkpoint:
-        from autohet.models import check_checkpoint
+        from autohet.core.models import check_checkpoint
 
         check_checkpoint(spec)
     return spec

@@ -41,7 +41,7 @@ import numpy as np
 from ray import serve
 
 from autohet.config import RunConfig
-from autohet.errors import last_line
+from autohet.core.errors import last_line
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
 from autohet.service.channel import Answer, ChannelClient, ChannelClosed, ChannelServer
@@ -73,7 +73,7 @@ class Replica:
 
     def __init__(self, spec: ReplicaSpec, config: RunConfig, batch_wait_s: float, measure_s: float) -> None:
         import autohet
-        from autohet.workload import workload_for
+        from autohet.core.workload import workload_for
 
         self.spec = spec
         loaded, kwargs = replica_load(config, spec)

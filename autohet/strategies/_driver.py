@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from autohet.context import precision_of
-from autohet.errors import RunTimeout, UserError
-from autohet.measurement import ExecutorReport, Measurement, WorkUnit
+from autohet.core.errors import RunTimeout, UserError
+from autohet.core.measurement import ExecutorReport, Measurement, WorkUnit
 from autohet.planners.shares import even_finish_shares, split_by_weights
 from autohet.pool.dispatch import Completion, Dispatcher, Ready
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autohet.context import tolerance_for
+from autohet.core.errors import UserError
+from autohet.core.params import IntListParam
 from autohet.engine import EngineJob, build_engine, run_job
-from autohet.errors import UserError
-from autohet.params import IntListParam
 from autohet.strategies.served import EngineServed
 
 if TYPE_CHECKING:

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autohet.core.measurement import ExecutorReport, Measurement
+from autohet.core.models import ModelSpec, build_model
 from autohet.engine import BatchOneServer, EngineJob, build_engine, device_module, request_example, timed_requests
 from autohet.executors.compiled import compile_module
-from autohet.measurement import ExecutorReport, Measurement
-from autohet.models import ModelSpec, build_model
 from autohet.strategies._inprocess import run_on_engine
 from autohet.strategies.served import Served
 

@@ -7,18 +7,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from autohet.objectives import RunMode
-from autohet.params import ChoiceParam, Param, validate_params
+from autohet.core.objectives import RunMode
+from autohet.core.params import ChoiceParam, Param, validate_params
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine, EngineJob, Program
     from autohet.executors import ExecutorSpec
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.served import Served
-    from autohet.workload import Workload
 
 __all__ = ["EngineStrategy", "ServedBuild", "Strategy", "start_param"]
 
@@ -87,7 +87,7 @@ def start_param(help: str) -> ChoiceParam:
 
 
 def _cannot_serve(name: str) -> Exception:
-    from autohet.errors import UserError
+    from autohet.core.errors import UserError
 
     return UserError(f"strategy {name} cannot serve inputs yet; export a config of another strategy")
 

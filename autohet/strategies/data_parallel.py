@@ -15,18 +15,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from autohet.context import precision_of
-from autohet.errors import UserError
-from autohet.objectives import RunMode
-from autohet.params import ChoiceParam, FloatListParam, FloatParam, IntParam
+from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
+from autohet.core.params import ChoiceParam, FloatListParam, FloatParam, IntParam
+from autohet.core.workload import PixelScale, Workload
 from autohet.strategies._driver import SchedState, drive, drive_measurement, split_by_weights
 from autohet.strategies.base import Strategy
 from autohet.strategies.served import Served
-from autohet.workload import PixelScale, Workload
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
 
 __all__ = ["ChunkScheduler", "DataParallelServed", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler",

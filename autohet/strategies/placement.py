@@ -20,26 +20,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from autohet.context import tolerance_for
+from autohet.core.errors import UserError
+from autohet.core.measurement import ExecutorReport
+from autohet.core.objectives import RunMode
+from autohet.core.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.engine import EngineJob
-from autohet.errors import UserError
-from autohet.measurement import ExecutorReport
-from autohet.objectives import RunMode
-from autohet.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES, default_devices
 from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine
     from autohet.engine.blocks import BlockPrograms
     from autohet.executors import ExecutorSpec
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
     from autohet.partition import BlockGraph
     from autohet.planners import PlacementResult
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.base import ServedBuild
-    from autohet.workload import Workload
 
 __all__ = ["Placed", "PlacementJob", "PlacementStrategy", "check_vector", "placement_devices", "start_assignment",
            "tvm_ready"]
@@ -47,14 +47,14 @@ __all__ = ["Placed", "PlacementJob", "PlacementStrategy", "check_vector", "place
 
 def tvm_ready(model: str, targets: list[str]) -> list[str]:
     """Torch device strings with a MetaSchedule database for ``model``: where TVM is worth measuring."""
-    from autohet.backends.tvm import database_tag, tune_dir, tvm_target
+    from autohet.block_runners.tvm import database_tag, tune_dir, tvm_target
 
     return [d for d in targets if database_tag(tune_dir(model, tvm_target(d)[1])) != "untuned"]
 
 
 def _require_tuned(model: str, targets: list[str]) -> None:
     """Untuned TVM is 50-150x slower than PyTorch: a TVM trial needs `autohet compile` first."""
-    from autohet.backends.tvm import tvm_target
+    from autohet.block_runners.tvm import tvm_target
 
     ready = tvm_ready(model, targets)
     for target in (t for t in targets if t not in ready):
@@ -128,8 +128,8 @@ class PlacementJob(EngineJob):
         """The partition placed on the engine's devices: measured and placed (greedy or from the given
         vector, then the correction rounds). ``reuse_given``: a given vector with ``x=0`` and one backend
         is taken as it is, nothing measured (a served config's plan)."""
+        from autohet.core.models import build_model, input_shape
         from autohet.engine.blocks import BlockPrograms, measure_links
-        from autohet.models import build_model, input_shape
         from autohet.partition import partition
         from autohet.planners import place, problem_from_graph, table_transfer
 

@@ -12,7 +12,7 @@ import importlib
 import os
 from importlib import metadata
 
-from autohet.errors import unknown_name
+from autohet.core.errors import unknown_name
 from autohet.strategies.base import Strategy
 
 __all__ = ["STRATEGIES", "get_strategy", "register_strategy", "strategy_names"]

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from autohet.core.workload import PixelScale
     from autohet.engine import Engine, Program
-    from autohet.workload import PixelScale
 
 __all__ = ["EngineServed", "Served"]
 

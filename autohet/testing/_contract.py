@@ -11,15 +11,15 @@ from typing import ClassVar
 import numpy as np
 
 from autohet.context import RunContext
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
+from autohet.core.objectives import RUN_MODES, RunMode
+from autohet.core.params import FloatParam, IntParam, Param
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.executors import ExecutorSpec
-from autohet.models import ModelSpec
-from autohet.objectives import RUN_MODES, RunMode
-from autohet.params import FloatParam, IntParam, Param
 from autohet.pool import LocalPool, PoolSpec, VirtualPool
-from autohet.running import run_strategy
 from autohet.strategies import Strategy, get_strategy
-from autohet.workload import Workload, WorkloadSpec
+from autohet.strategy_run import run_strategy
 
 __all__ = ["StrategyContract", "check_declared_params", "check_out_of_range_rejected", "check_real_run",
            "check_simulated_run", "check_unknown_param_lists_valid", "sim_pool_spec"]

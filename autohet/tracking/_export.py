@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from autohet.config import load_config, write_config
-from autohet.errors import UserError
-from autohet.objectives import ObjectiveSet, TrialKey
+from autohet.core.errors import UserError
+from autohet.core.objectives import ObjectiveSet, TrialKey
 from autohet.tracking._store import trial_runs
 from autohet.tracking._summary import final_pick, front, run_status, summarize
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autohet.errors import UserError
-from autohet.objectives import ENERGY, LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
+from autohet.core.errors import UserError
+from autohet.core.objectives import ENERGY, LATENCY, THROUGHPUT, ObjectiveSet, TrialKey
 from autohet.tracking._summary import run_status
 
 __all__ = ["CONSTRAINTS", "Constraint", "constraints_from", "pick_trial"]

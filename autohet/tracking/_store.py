@@ -100,7 +100,7 @@ def trial_runs(client: Any, experiment_id: str, parent_run_id: str | None = None
 
 def experiment_runs(name: str, uri: str | None) -> tuple[Any, Any, list[Any]]:
     """(client, experiment, its trial runs); an unknown experiment lists the known ones."""
-    from autohet.errors import UserError
+    from autohet.core.errors import UserError
 
     client = mlflow_client(uri)
     found = client.get_experiment_by_name(name)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autohet.objectives import ObjectiveSet, TrialKey
+from autohet.core.objectives import ObjectiveSet, TrialKey
 from autohet.tracking._status import STATUSES
 
 __all__ = ["final_pick", "front", "run_status", "summarize"]

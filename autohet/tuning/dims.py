@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["DIM_TYPES", "CategoricalDim", "Dim", "FloatDim", "FloatVectorDim", "IndexVectorDim", "IntDim",
            "PoolIndexDim", "SpaceContext", "parse_dim"]

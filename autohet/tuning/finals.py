@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autohet.objectives import Objective
+from autohet.core.objectives import Objective
 
 __all__ = ["FINAL_MOST_SCALE", "FINAL_SHARE", "Finalist", "final_choice", "final_scale", "finalists_of",
            "finals_table", "log_finals", "pick_finalists", "run_finals", "trial_runner"]
@@ -144,7 +144,7 @@ def finalists_of(runs: list[Any], primary: Objective) -> list[Finalist]:
     run is expected to take its trial's seconds less its acquiring (its executors' builds are kept):
     on the H100 box the GPU single's 21 s trial held 17 s of acquiring (inductor's compile), and a
     300 s tune's finals ran none, each expected longer than the time left (BENCHMARKS 25)."""
-    from autohet.objectives import TrialKey
+    from autohet.core.objectives import TrialKey
     from autohet.tracking import CONFIG_TAG, run_status
 
     out = []
@@ -181,7 +181,7 @@ def log_finals(client: Any, parent_id: str, finalists: list[Finalist], winner: F
     (``TrialKey.FINAL``, which export reads), and the parent's ``final_choice`` tag."""
     from mlflow.entities import Metric, RunTag
 
-    from autohet.objectives import TrialKey
+    from autohet.core.objectives import TrialKey
 
     rounds = _complete_rounds(finalists)
     now = int(time.time() * 1000)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from autohet.objectives import Objective, RunMode
+from autohet.core.objectives import Objective, RunMode
 from autohet.pool import PoolSpec
 from autohet.pool.spec import GPU_BOX_GROUP
 from autohet.strategies import get_strategy

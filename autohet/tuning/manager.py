@@ -17,10 +17,10 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from autohet.models import ModelSpec
+from autohet.core.models import ModelSpec
+from autohet.core.workload import Workload, WorkloadSpec
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
-from autohet.workload import Workload, WorkloadSpec
 
 __all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
 

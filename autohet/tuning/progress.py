@@ -6,7 +6,7 @@ import sys
 import time
 from typing import Any
 
-from autohet.objectives import ObjectiveSet, TrialKey
+from autohet.core.objectives import ObjectiveSet, TrialKey
 from autohet.tracking import STATUSES
 
 __all__ = ["Progress"]

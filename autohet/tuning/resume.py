@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autohet.objectives import PRIMARY_METRIC, ObjectiveSet
+from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet
 from autohet.tracking import FINISHED, TrialLogger, run_status
 
 __all__ = ["finished_trials", "settle_study"]

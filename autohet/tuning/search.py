@@ -20,7 +20,7 @@ from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
-from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
 from autohet.tuning.initial import CLOSE_TO_BEST, PROBES_MOST, Known, Stage, split_winner
 

@@ -6,9 +6,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from autohet.errors import UserError
-from autohet.objectives import ObjectiveSet
-from autohet.yaml_files import read_yaml_mapping
+from autohet.core.errors import UserError
+from autohet.core.objectives import ObjectiveSet
+from autohet.core.yaml_files import read_yaml_mapping
 
 __all__ = ["TuneSettings", "load_settings"]
 

@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
+from autohet.core.params import Param
+from autohet.core.yaml_files import read_yaml_mapping
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
-from autohet.objectives import RunMode
-from autohet.params import Param
 from autohet.pool.spec import POOL_DIMS, PoolSpec
 from autohet.strategies import get_strategy, strategy_names
 from autohet.tuning.dims import CategoricalDim, Dim, FloatDim, IntDim, SpaceContext, parse_dim
-from autohet.yaml_files import read_yaml_mapping
 
 __all__ = ["OPTUNA_TRIAL_KEY", "DefineByRun", "SearchSpace", "SpaceContext", "load_search_space"]
 

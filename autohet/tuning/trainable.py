@@ -22,16 +22,16 @@ import yaml
 
 from autohet.config import RunConfig
 from autohet.context import RunContext
-from autohet.errors import RunTimeout, UserError
-from autohet.measurement import Measurement
-from autohet.models import ModelSpec
-from autohet.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.core.errors import RunTimeout, UserError
+from autohet.core.measurement import Measurement
+from autohet.core.models import ModelSpec
+from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.core.workload import Workload
+from autohet.platform.thermal import too_hot, wait_cool
 from autohet.pool import PoolSpec
-from autohet.running import energy_sources, run_strategy
 from autohet.strategies import get_strategy
+from autohet.strategy_run import energy_sources, run_strategy
 from autohet.tuning.space import SearchSpace
-from autohet.tuning.thermal import too_hot, wait_cool
-from autohet.workload import Workload
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup",
            "TrialSizing", "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics",

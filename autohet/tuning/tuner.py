@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import yaml
 
-from autohet.errors import UserError
-from autohet.models import ModelSpec
-from autohet.objectives import ObjectiveSet
+from autohet.core.errors import UserError
+from autohet.core.models import ModelSpec
+from autohet.core.objectives import ObjectiveSet
+from autohet.core.workload import Workload
+from autohet.platform.ray_cluster import get_interruptibly
 from autohet.pool import PoolSpec
 from autohet.pool.spec import POOL_DIMS
-from autohet.ray_runtime import get_interruptibly
 from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.finals import FINAL_SHARE
 from autohet.tuning.settings import TuneSettings
 from autohet.tuning.space import DefineByRun, SearchSpace, load_search_space
-from autohet.workload import Workload
 
 if TYPE_CHECKING:
     from autohet.tracking import TrialLogger
@@ -199,7 +199,7 @@ def _search_space(settings: TuneSettings) -> SearchSpace:
 
 def _start_ray(address: str | None) -> None:
     """Starts (or joins) Ray for the tune, without Tune's periodic checkpoints and with its logs quietened."""
-    from autohet.ray_runtime import init_ray
+    from autohet.platform.ray_cluster import init_ray
 
     os.environ.setdefault("TUNE_GLOBAL_CHECKPOINT_S", "0")
     # one logical CPU more than the machine has: the trial process (it only waits on executors)
@@ -224,9 +224,9 @@ def _start_pool(model: ModelSpec, settings: TuneSettings, address: str | None, e
     """Resolves the pool, builds the image bank and starts the pool manager actor."""
     import ray
 
+    from autohet.core.workload import WorkloadSpec, workload_for
     from autohet.pool.resolve import resolve_pool
     from autohet.tuning.manager import PoolManager
-    from autohet.workload import WorkloadSpec, workload_for
 
     pool_spec = resolve_pool(settings.pool, address)
     bank_images = _SIZED_BANK if settings.images == "auto" else int(settings.images)
@@ -276,7 +276,7 @@ def _size_trials(model: ModelSpec, settings: TuneSettings, pool: _TunePool, stat
 def _output_classes(model: ModelSpec, pool: _TunePool) -> int:
     """The model's output width (classes), from the reference output of one image."""
     from autohet.context import RunContext
-    from autohet.workload import Workload
+    from autohet.core.workload import Workload
 
     ctx = RunContext(model, Workload(pool.bank.bank, 1), 1)
     return int(ctx.reference(np.zeros(1, dtype=np.int64), pool.spec.simulated).shape[1])
@@ -324,7 +324,7 @@ def _open_parent_run(model: ModelSpec, settings: TuneSettings, exp: _Experiment,
                      space: SearchSpace, resume: bool, data_seed: int, npy: str | None) -> _Record:
     """The tune's MLflow parent run: reopened on a resume; else created, and the state a resume needs
     written to runs/<experiment>/tune_state.json."""
-    from autohet.platform_info import fingerprint
+    from autohet.platform.fingerprint import fingerprint
     from autohet.tracking import TrialLogger, ensure_experiment, mlflow_client
 
     uri = settings.tracking_uri
@@ -537,8 +537,8 @@ def answer_or_none(ref: Any, timeout_s: float) -> Any:
 
 def _telemetry_notes(settings: TuneSettings, pool_spec: PoolSpec) -> None:
     """Says once, before the trials, what an energy objective or --max-temp cannot use here."""
-    from autohet.running import energy_sources
-    from autohet.telemetry import read_temperatures
+    from autohet.platform.sensors import read_temperatures
+    from autohet.strategy_run import energy_sources
 
     sources = energy_sources(pool_spec)
     if any(o.name == "energy" for o in settings.objectives.objectives) and not sources.counters:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from autohet.errors import unknown_name
+from autohet.core.errors import unknown_name
 from autohet.executors.cpu_backends._base import CpuBackend, CpuProgram, ModelSource
 from autohet.executors.cpu_backends._registry import CPU_BACKENDS, CPU_REFINES
 

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:
+    from autohet.core.models import ModelSpec
     from autohet.executors.base import ExecutorSpec
-    from autohet.models import ModelSpec
 
 __all__ = ["CpuBackend", "CpuProgram", "ModelSource"]
 
@@ -24,7 +24,7 @@ class ModelSource:
 
     def module(self) -> Any:
         if self._module is None:
-            from autohet.models import build_model
+            from autohet.core.models import build_model
 
             self._module = build_model(self.spec)
         return self._module

@@ -223,7 +223,7 @@ def _choose(source: ModelSource, spec: ExecutorSpec, shape: tuple[int, ...], tra
     import onnxruntime
 
     from autohet.executors.machine import compile_cache_dir
-    from autohet.platform_info import cpu_model
+    from autohet.platform.fingerprint import cpu_model
 
     ident = {"model": source.spec.name, "seed": source.spec.seed, "checkpoint": source.spec.checkpoint,
              "shape": list(shape), "batch": spec.batch, "threads": threads, "cpu": cpu_model(),

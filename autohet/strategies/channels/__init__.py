@@ -9,7 +9,7 @@ one model's measured costs and plans on an engine. The pairing heuristic is a pu
 
 from __future__ import annotations
 
-from autohet._lazy import lazy_exports
+from autohet.core.lazy import lazy_exports
 
 __all__ = ["ChannelsSession"]
 

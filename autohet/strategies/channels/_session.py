@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.errors import UserError
-from autohet.objectives import RunMode
+from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
 
 if TYPE_CHECKING:
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine
-    from autohet.models import ModelSpec
     from autohet.planners.pairing import PairingPlan
-    from autohet.workload import Workload
 
 __all__ = ["ChannelsSession"]
 
@@ -30,8 +30,8 @@ class ChannelsSession:
         timed; the devices alone, layers and links are measured only when the plan needs them."""
         import torch
 
+        from autohet.core.models import build_model, input_shape
         from autohet.engine.blocks import measure_links
-        from autohet.models import build_model, input_shape
         from autohet.planners.pairing import LayerCost
         from autohet.strategies.channels._layers import channel_graph
         from autohet.strategies.channels._programs import ChannelPrograms

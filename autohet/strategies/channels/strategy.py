@@ -20,25 +20,25 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.context import tolerance_for
+from autohet.core.errors import UserError
+from autohet.core.measurement import ExecutorReport
+from autohet.core.objectives import RunMode
+from autohet.core.params import BoolParam, FloatListParam, IntListParam, IntParam, Param
 from autohet.engine import EngineJob
-from autohet.errors import UserError
-from autohet.measurement import ExecutorReport
-from autohet.objectives import RunMode
-from autohet.params import BoolParam, FloatListParam, IntListParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES
 from autohet.strategies.base import EngineStrategy, start_param
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine
     from autohet.executors import ExecutorSpec
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
     from autohet.planners.pairing import PairingPlan
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.base import ServedBuild
     from autohet.strategies.channels._session import ChannelsSession
-    from autohet.workload import Workload
 
 __all__ = ["ChannelsJob", "ChannelsStrategy", "check_params"]
 
@@ -111,7 +111,7 @@ class ChannelsStrategy(EngineStrategy):
         """``layers``: the partitionable layers of the batch-1 trace; ``binary``: a pairing choice's values."""
         import torch
 
-        from autohet.models import build_model, input_shape
+        from autohet.core.models import build_model, input_shape
         from autohet.strategies.channels._layers import channel_graph
 
         graph = channel_graph(build_model(model), torch.zeros(1, *input_shape(model.name)))

@@ -8,7 +8,7 @@ nodes). The cut is a pure planner: ``autohet.planners.stages``.
 
 from __future__ import annotations
 
-from autohet._lazy import lazy_exports
+from autohet.core.lazy import lazy_exports
 
 __all__ = ["PipelineJob", "StagePrograms", "given_stage_plan", "measure_stage", "model_graph", "stage_programs",
            "steady_frame_seconds", "value_shapes"]

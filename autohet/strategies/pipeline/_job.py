@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.engine import EngineJob
-from autohet.heap import Collections, settle
 from autohet.planners.stages import (
     StagePlan,
     StageProblem,
@@ -27,6 +26,7 @@ from autohet.planners.stages import (
     boundary_values,
     plan_stages,
 )
+from autohet.platform.gc_control import Collections, settle
 from autohet.strategies.pipeline._plan import (
     StagePrograms,
     default_depth,
@@ -37,11 +37,11 @@ from autohet.strategies.pipeline._plan import (
 )
 
 if TYPE_CHECKING:
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine, Program
-    from autohet.models import ModelSpec
     from autohet.partition import BlockGraph
     from autohet.planners import TransferFn
-    from autohet.workload import Workload
 
 __all__ = ["PipelineJob", "Staged", "StepSpans", "measure_stage", "report", "stage_programs", "steady_frame_seconds"]
 
@@ -73,7 +73,7 @@ class StepSpans:
         return run
 
     def units(self, images: int, batch: int, warmup: int) -> list[dict[str, Any]]:
-        """Work units (``autohet.measurement.WorkUnit`` fields) of the frames after ``warmup``: a
+        """Work units (``autohet.core.measurement.WorkUnit`` fields) of the frames after ``warmup``: a
         worker runs its steps in frame order, so a step's k-th call is frame k."""
         if not self.on:
             return []
@@ -187,8 +187,8 @@ class PipelineJob(EngineJob):
         """The whole model on each device, frames of the same micro-batch (a CUDA graph on a GPU)."""
         import torch
 
+        from autohet.core.models import build_model
         from autohet.engine import stream_frames, whole_model_program
-        from autohet.models import build_model
 
         batch = self.params["batch"]
         example = torch.from_numpy(np.ascontiguousarray(self.workload.rows(0, 1))).expand(batch, -1, -1, -1)

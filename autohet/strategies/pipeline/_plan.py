@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from autohet.core.errors import UserError
 from autohet.engine.blocks import BlockPrograms
-from autohet.errors import UserError
 from autohet.planners.stages import StagePlan, StageProblem, evaluate_stages, normalise_cuts
 
 if TYPE_CHECKING:
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.partition import BlockGraph
 
 __all__ = ["StagePrograms", "check_plan_params", "default_depth", "given_plan", "given_stage_plan", "model_graph",
@@ -26,7 +26,7 @@ def model_graph(model: ModelSpec, batch: int) -> BlockGraph:
     engine actor serves many trials, and tracing a large model takes seconds)."""
     key = (model, batch)
     if key not in _GRAPHS:
-        from autohet.models import build_model, input_shape
+        from autohet.core.models import build_model, input_shape
         from autohet.partition import partition
 
         if len(_GRAPHS) >= 4:

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from autohet.core.errors import UserError
 from autohet.engine import fit_link
-from autohet.errors import UserError
-from autohet.heap import settle
 from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
+from autohet.platform.gc_control import settle
 from autohet.strategies.pipeline._plan import (
     StagePrograms,
     default_depth,
@@ -31,9 +31,9 @@ from autohet.strategies.pipeline._plan import (
 )
 
 if TYPE_CHECKING:
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.executors import ExecutorSpec
-    from autohet.models import ModelSpec
-    from autohet.workload import Workload
 
 __all__ = ["StageActor", "run_on_nodes"]
 
@@ -105,8 +105,8 @@ class StageActor:
         """The whole model on this actor's device, frames of the micro-batch (the baseline)."""
         import torch
 
+        from autohet.core.models import build_model
         from autohet.engine import stream_frames, whole_model_program
-        from autohet.models import build_model
         from autohet.strategies.pipeline._job import steady_frame_seconds
 
         batch = self.batch

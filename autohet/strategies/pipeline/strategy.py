@@ -23,10 +23,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autohet.context import tolerance_for
-from autohet.errors import UserError
-from autohet.measurement import ExecutorReport, WorkUnit
-from autohet.objectives import RunMode
-from autohet.params import BoolParam, IntListParam, IntParam, Param
+from autohet.core.errors import UserError
+from autohet.core.measurement import ExecutorReport, WorkUnit
+from autohet.core.objectives import RunMode
+from autohet.core.params import BoolParam, IntListParam, IntParam, Param
 from autohet.strategies._driver import RAISE_MARGIN
 from autohet.strategies._inprocess import DEVICES
 from autohet.strategies.base import EngineStrategy, start_param
@@ -34,13 +34,13 @@ from autohet.strategies.pipeline._plan import check_plan_params, default_depth
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine, EngineJob
     from autohet.executors import ExecutorSpec
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.base import ServedBuild
-    from autohet.workload import Workload
 
 __all__ = ["PipelineStrategy", "default_batch", "spans_nodes"]
 

@@ -10,7 +10,7 @@ The ratio search is a pure planner: ``autohet.planners.split``.
 
 from __future__ import annotations
 
-from autohet._lazy import lazy_exports
+from autohet.core.lazy import lazy_exports
 
 __all__ = ["DeviceModel", "StagePrograms", "capture", "spatial_graph"]
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx, nn
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.partition import Kind, arg_nodes, node_module, node_shape, op_kind, pair, trace
 from autohet.strategies.split._rows import RowNode, Window
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from autohet.core.params import FloatListParam, IntParam, Param
 from autohet.engine import step_seconds
-from autohet.params import FloatListParam, IntParam, Param
 from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of
 
 if TYPE_CHECKING:

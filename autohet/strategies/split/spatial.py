@@ -19,25 +19,25 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from autohet.context import tolerance_for
+from autohet.core.errors import UserError
+from autohet.core.measurement import ExecutorReport
+from autohet.core.objectives import RunMode
+from autohet.core.params import BoolParam, FloatParam, IntParam, Param
 from autohet.engine import EngineJob
-from autohet.errors import UserError
-from autohet.measurement import ExecutorReport
-from autohet.objectives import RunMode
-from autohet.params import BoolParam, FloatParam, IntParam, Param
 from autohet.strategies._inprocess import DEVICES
 from autohet.strategies.base import EngineStrategy
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
+    from autohet.core.measurement import Measurement
+    from autohet.core.models import ModelSpec
+    from autohet.core.workload import Workload
     from autohet.engine import Engine, Program
     from autohet.executors import ExecutorSpec
-    from autohet.measurement import Measurement
-    from autohet.models import ModelSpec
     from autohet.pool import Pool
     from autohet.strategies.base import ServedBuild
     from autohet.strategies.split._chains import SpatialGraph
     from autohet.strategies.split._programs import StagePrograms
-    from autohet.workload import Workload
 
 __all__ = ["COMMON_PARAMS", "Spatial", "SpatialJob", "SpatialStrategy", "shares_of"]
 
@@ -141,7 +141,7 @@ class SpatialJob(EngineJob):
         them), ``rest``, the plan, the program."""
         import torch
 
-        from autohet.models import build_model, input_shape
+        from autohet.core.models import build_model, input_shape
         from autohet.strategies.split._chains import spatial_graph
         from autohet.strategies.split._programs import StagePrograms
 
@@ -168,7 +168,8 @@ class SpatialJob(EngineJob):
         return Spatial(graph, example, programs.program(shares, self.how), rest, planning, measured)
 
     def run(self, engine: Engine) -> dict[str, Any]:
-        from autohet.telemetry import TemperatureWatch, default_sources
+        from autohet.platform.sensors import default_sources
+        from autohet.platform.thermal import TemperatureWatch
 
         built = self.build(engine)
         graph, program, rest, planning, baselines = built.graph, built.program, built.rest, built.planning, \
@@ -263,7 +264,7 @@ class SpatialStrategy(EngineStrategy):
 
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
                     out: dict[str, Any]) -> Measurement:
-        from autohet.strategies.thermal import temperature_violation as violation
+        from autohet.platform.thermal import temperature_violation as violation
 
         outputs = out.pop("outputs")
         busy = out.pop("busy_s")

@@ -23,15 +23,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from autohet.core.errors import UserError
+from autohet.core.params import FloatListParam, FloatParam, IntParam, Param
 from autohet.engine import step_seconds
-from autohet.errors import UserError
-from autohet.params import FloatListParam, FloatParam, IntParam, Param
 from autohet.strategies.base import start_param
 from autohet.strategies.split.spatial import COMMON_PARAMS, SpatialJob, SpatialStrategy, shares_of
 
 if TYPE_CHECKING:
+    from autohet.core.models import ModelSpec
     from autohet.engine import Engine
-    from autohet.models import ModelSpec
     from autohet.planners.split import ChainCost
     from autohet.pool import PoolSpec
     from autohet.strategies.split._chains import SpatialGraph
@@ -148,7 +148,7 @@ class SplitStrategy(SpatialStrategy):
         devices, N per chain for N) at the default ``max_windows``."""
         import torch
 
-        from autohet.models import build_model, input_shape
+        from autohet.core.models import build_model, input_shape
         from autohet.strategies.split._chains import spatial_graph
 
         shape = input_shape(model.name)

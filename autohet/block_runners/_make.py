@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from autohet.backends._base import BlockRunner
-from autohet.backends._torch import TorchRunner
-from autohet.errors import unknown_name
+from autohet.block_runners._base import BlockRunner
+from autohet.block_runners._torch import TorchRunner
+from autohet.core.errors import unknown_name
 from autohet.partition import BlockGraph
 
 __all__ = ["BACKENDS", "backend_of", "make_runner"]
@@ -32,7 +32,7 @@ def make_runner(graph: BlockGraph, block: str, device: str = "cpu", backend: str
     if backend == "torch":
         return TorchRunner(graph[block], device, dtype)
     if backend == "tvm":
-        from autohet.backends.tvm import TvmRunner
+        from autohet.block_runners.tvm import TvmRunner
 
         return TvmRunner(graph[block], device, dtype, model=graph.model, **tvm_options)
     raise unknown_name("backend", backend, BACKENDS)

@@ -1,7 +1,7 @@
 """The tuning child process: MetaSchedule tunes the blocks of the jobs its parent (``_tune_parent``)
 sends it, so that a TVM crash cannot take down the caller.
 
-Started as ``python -m autohet.backends.tvm._tune_child --serve TARGET READY_FILE``: it sets up
+Started as ``python -m autohet.block_runners.tvm._tune_child --serve TARGET READY_FILE``: it sets up
 MetaSchedule's builder and runner once (their workers kept across batches), touches READY_FILE, then
 reads job spec paths from stdin, one per line, runs each (``_run_job``: extract the tasks of all
 modules, merge shared ones, ``tune_tasks`` into the JSON database, stop proposing candidates past the
@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from autohet.backends.tvm._runner import import_tensor_intrin
-from autohet.backends.tvm._toolchain import ensure_cuda
+from autohet.block_runners.tvm._runner import import_tensor_intrin
+from autohet.block_runners.tvm._toolchain import ensure_cuda
 
 _TUNED_OPS = ("conv", "matmul", "dense", "pool")
 _POOLS: dict[tuple, Any] = {}
@@ -184,9 +184,9 @@ def _make_builder_runner(target: dict[str, Any]) -> tuple[Any, Any]:
     workers get the parent's kernel compiler and runtime."""
     from tvm.s_tir import meta_schedule as ms
 
-    from autohet.backends.tvm._runner import export_so, warm_worker
-    from autohet.backends.tvm._toolchain import cuda_worker_init
-    from autohet.platform_info import usable_cores
+    from autohet.block_runners.tvm._runner import export_so, warm_worker
+    from autohet.block_runners.tvm._toolchain import cuda_worker_init
+    from autohet.platform.fingerprint import usable_cores
 
     _keep_builder_workers()
     cores = usable_cores()

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import yaml
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = [
     "BoolParam", "ChoiceParam", "FloatListParam", "FloatParam", "IntListParam", "IntParam", "Param", "StrParam",

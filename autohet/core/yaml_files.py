@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["read_yaml_mapping"]
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TypeVar
 
-from autohet.errors import UserError, unknown_name
+from autohet.core.errors import UserError, unknown_name
 
 __all__ = ["ENERGY", "LATENCY", "OBJECTIVES", "PRIMARY_METRIC", "RUN_MODES", "THROUGHPUT", "Objective", "ObjectiveSet",
            "RunMode", "TrialKey"]
@@ -60,7 +60,7 @@ class TrialKey:
     IMAGES = "images"
     SIMULATED = "simulated"
     LATENCY_P50 = "latency_p50_ms"
-    ENERGY_PER_IMAGE = "energy_j_per_image"  # these three: ``telemetry.EnergyResult``'s figures
+    ENERGY_PER_IMAGE = "energy_j_per_image"  # these three: ``meter.EnergyResult``'s figures
     POWER_AVG = "power_avg_w"
     TEMP_MAX = "temp_max_c"
     PRIMARY = "objective_value"  # the first objective's figure, as the searcher reads it

@@ -7,7 +7,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["BlockRunner", "parse_device", "parse_dtype", "time_runner"]
 

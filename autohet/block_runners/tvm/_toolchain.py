@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["cuda_child_env", "cuda_worker_init", "ensure_cuda"]
 

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from autohet.backends._base import parse_device, parse_dtype
+from autohet.block_runners._base import parse_device, parse_dtype
 from autohet.partition import Block
 
 __all__ = ["TorchRunner"]

@@ -1,7 +1,7 @@
 """One strategy run on a pool: validate its parameters, start the pool, run, return the Measurement.
 
 The only module above the strategies that runs them (the CLI and the tuner call it), so it is also
-where every run's energy and temperatures are read (``autohet.telemetry``): around ``strategy.run``,
+where every run's energy and temperatures are read (``autohet.platform.meter``): around ``strategy.run``,
 with the standalone-speed measurements the strategy asks for cut out. The figures land in
 ``m.extra["energy"]`` (flat numbers: ``energy_j_per_image`` is the energy objective's, joules per
 request in a latency run) and ``m.extra["unavailable"]`` (figure -> why it could not be read).
@@ -12,15 +12,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from autohet.errors import UserError
-from autohet.heap import settle
-from autohet.objectives import RunMode
+from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
+from autohet.platform.gc_control import settle
+from autohet.platform.meter import EnergyMeter, EnergyResult
+from autohet.platform.sensors import Sources, default_sources
 from autohet.strategies import get_strategy
-from autohet.telemetry import EnergyMeter, EnergyResult, Sources, default_sources
 
 if TYPE_CHECKING:
     from autohet.context import RunContext
-    from autohet.measurement import Measurement
+    from autohet.core.measurement import Measurement
     from autohet.pool import Pool, PoolSpec
 
 __all__ = ["energy_sources", "record_energy", "run_strategy"]

@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from autohet.backends._base import parse_device, parse_dtype
-from autohet.backends.tvm._toolchain import _first_line, ensure_cuda
-from autohet.errors import UserError
+from autohet.block_runners._base import parse_device, parse_dtype
+from autohet.block_runners.tvm._toolchain import _first_line, ensure_cuda
+from autohet.core.errors import UserError
 from autohet.partition import Block
-from autohet.platform_info import usable_cores
+from autohet.platform.fingerprint import usable_cores
 
 __all__ = ["TvmRunner", "database_tag", "export_so", "fused_for_tuning", "import_tensor_intrin", "to_relax",
            "tune_dir", "tvm_root", "tvm_target", "warm_worker"]

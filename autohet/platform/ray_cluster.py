@@ -17,7 +17,7 @@ OBJECT_STORE_BYTES = 4 * 1024**3
 
 
 def _raise(signum: int, frame: object) -> None:
-    from autohet.errors import Interrupted
+    from autohet.core.errors import Interrupted
 
     raise Interrupted(signum)
 
@@ -109,7 +109,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
     common: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                                   namespace="autohet")
     if os.environ.get("AUTOHET_STACK_DUMP_S"):
-        common["runtime_env"] = {"worker_process_setup_hook": "autohet.ray_runtime.dump_stacks_later"}
+        common["runtime_env"] = {"worker_process_setup_hook": "autohet.platform.ray_cluster.dump_stacks_later"}
         dump_stacks_later()
     if address:
         ray.init(address=address, **common)

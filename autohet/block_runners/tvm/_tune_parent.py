@@ -2,7 +2,7 @@
 child process (``_tune_child``) so that a TVM crash cannot take down the caller.
 
 The parent imports each block to Relax, saves the IRModules as JSON in the tuning directory and hands
-the job to a child process (``python -m autohet.backends.tvm._tune_child --serve``). The child extracts the
+the job to a child process (``python -m autohet.block_runners.tvm._tune_child --serve``). The child extracts the
 tuning tasks of all blocks, merges tasks shared between blocks (resnet's repeated convolutions are
 tuned once), and runs ``meta_schedule.tune_tasks`` with the trial budget into a JSON database in
 ``runs/tvm/<model>/<target-key>/``, which later runs reuse: blocks already tuned are skipped and
@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from autohet.backends.tvm._runner import fused_for_tuning, to_relax, tune_dir, tvm_target
-from autohet.backends.tvm._toolchain import cuda_child_env, ensure_cuda
-from autohet.errors import UserError
+from autohet.block_runners.tvm._runner import fused_for_tuning, to_relax, tune_dir, tvm_target
+from autohet.block_runners.tvm._toolchain import cuda_child_env, ensure_cuda
+from autohet.core.errors import UserError
 from autohet.partition import Block
 
 __all__ = ["TuneResult", "TuneSession", "tune_blocks"]
@@ -123,7 +123,7 @@ class TuneSession:
         self._ready = log.with_name(f"{log.name}.{os.getpid()}.ready")
         self._ready.unlink(missing_ok=True)
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "autohet.backends.tvm._tune_child", "--serve", json.dumps(self.target),
+            [sys.executable, "-m", "autohet.block_runners.tvm._tune_child", "--serve", json.dumps(self.target),
              str(self._ready)],
             stdin=subprocess.PIPE, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["CifarNet", "LeNet", "ModelSpec", "build_model", "check_checkpoint", "input_shape", "list_models"]
 
@@ -70,7 +70,7 @@ class ModelSpec:
 
 
 def _torchvision_names() -> list[str]:
-    from autohet._tv import torchvision
+    from autohet.core._tv import torchvision
 
     return sorted(torchvision.models.list_models(module=torchvision.models))
 
@@ -148,7 +148,7 @@ def _construct(name: str) -> nn.Module:
         return _SMALL[name][0]()
     if ":" in name:
         return _user_factory(name)()
-    from autohet._tv import torchvision
+    from autohet.core._tv import torchvision
 
     kwargs: dict = {"weights": None}
     if name in ("googlenet", "inception_v3"):

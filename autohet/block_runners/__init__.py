@@ -7,9 +7,9 @@ on ``autohet.engine``); ``tune_blocks`` tunes blocks with MetaSchedule in a chil
 
 from __future__ import annotations
 
-from autohet.backends._base import BlockRunner, parse_device, parse_dtype, time_runner
-from autohet.backends._make import BACKENDS, backend_of, make_runner
-from autohet.backends._torch import TorchRunner
+from autohet.block_runners._base import BlockRunner, parse_device, parse_dtype, time_runner
+from autohet.block_runners._make import BACKENDS, backend_of, make_runner
+from autohet.block_runners._torch import TorchRunner
 
 __all__ = [
     "BACKENDS", "BlockRunner", "TorchRunner", "TvmRunner", "TuneResult", "TuneSession", "backend_of", "make_runner",
@@ -20,15 +20,15 @@ __all__ = [
 def __getattr__(name: str) -> object:
     """TvmRunner, tune_blocks, TuneSession, TuneResult and tvm_target load tvm-side modules only when asked for."""
     if name == "TvmRunner":
-        from autohet.backends.tvm import TvmRunner
+        from autohet.block_runners.tvm import TvmRunner
 
         return TvmRunner
     if name == "tvm_target":
-        from autohet.backends.tvm import tvm_target
+        from autohet.block_runners.tvm import tvm_target
 
         return tvm_target
     if name in ("tune_blocks", "TuneResult", "TuneSession"):
-        from autohet.backends import tvm as tvm_backend
+        from autohet.block_runners import tvm as tvm_backend
 
         return getattr(tvm_backend, name)
     raise AttributeError(name)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["MAX_DISTINCT_BYTES", "PixelScale", "Workload", "WorkloadSpec", "workload_for"]
 
@@ -129,6 +129,6 @@ class Workload:
 
 def workload_for(model: str, images: int, seed: int = 0, npy: str | None = None) -> Workload:
     """The workload of a run of ``model``: synthetic images of its input shape, or an .npy file."""
-    from autohet.models import input_shape
+    from autohet.core.models import input_shape
 
     return Workload.from_spec(WorkloadSpec(images, input_shape(model), seed, npy))
