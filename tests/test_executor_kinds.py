@@ -6,7 +6,7 @@ import pytest
 
 from autohet.core.errors import UserError
 from autohet.executors import EXECUTOR_KINDS, ExecutorKind, ExecutorSpec, executor_kind, register_executor_kind
-from autohet.pool.ray_pool import actor_options
+from autohet.pool.actors import actor_options
 
 
 def test_kinds_answer_what_they_are() -> None:

@@ -95,7 +95,7 @@ def test_executor_params_override_per_kind():
 def test_partitions_of_one_gpu_share_a_process_and_forward_calls_by_member():
     from autohet.executors import ExecutorSpec
     from autohet.pool import PoolSpec
-    from autohet.pool.ray_pool import MemberHandle, group_options
+    from autohet.pool.actors import MemberHandle, group_options
 
     spec = PoolSpec("p", [ExecutorSpec("a", "gpu", (0,), 0, sms=66), ExecutorSpec("c", "cpu", (2,)),
                           ExecutorSpec("b", "gpu", (1,), 0, sms=66), ExecutorSpec("w", "gpu", (3,), 1)])

@@ -262,7 +262,7 @@ class _RecordingActor:
 def test_lookahead_calls_name_the_next_units_first_part(ray_local, lookahead):
     """With lookahead the GPU's calls form one chain across unit boundaries (each names the call
     after it); without it the chain breaks at every unit's last part."""
-    from autohet.pool.ray_pool import RayDispatcher
+    from autohet.pool.ray_dispatch import RayDispatcher
     from autohet.strategies import get_strategy
     from autohet.strategies._driver import drive
 

@@ -563,7 +563,7 @@ def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSett
               batch_wait_s: float, driver_node: str) -> Any:
     """The application to ``serve.run``: ``ingresses`` ingress processes on the driver's node, each bound
     to every replica, under one ``Control``."""
-    from autohet.pool.ray_pool import ray_node_id
+    from autohet.pool.actors import ray_node_id
 
     replica = serve.deployment(Replica)
     bound = {}

@@ -244,7 +244,7 @@ def check_resources(specs: list[ReplicaSpec], where: str) -> None:
     """One line when the Ray cluster cannot hold a replica (Serve would wait for it forever)."""
     import ray
 
-    from autohet.pool.ray_pool import ray_node_id
+    from autohet.pool.actors import ray_node_id
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
     for spec in specs:

@@ -213,6 +213,6 @@ def _memory_available_share() -> float:
 
 
 def _kill_actor(actor: Any) -> None:
-    from autohet.pool.ray_pool import kill_actor
+    from autohet.pool.actors import kill_actor
 
     kill_actor(actor)

@@ -124,7 +124,7 @@ class StageActor:
 def _actor_options(spec: ExecutorSpec) -> dict[str, Any]:
     """On the executor's node; no Ray CPUs or GPUs claimed (the engine device pins its cores, and
     the pool's own actors may hold the Ray resources), every GPU visible as for the engine actor."""
-    from autohet.pool.ray_pool import actor_options
+    from autohet.pool.actors import actor_options
 
     opts = actor_options(spec, reserve_cpus=False)
     opts.update(num_gpus=0, runtime_env={"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}})
