@@ -42,11 +42,11 @@ def energy_sources(spec: PoolSpec) -> Sources:
     return sources
 
 
-def record_energy(m: Measurement, result: EnergyResult, mode: str) -> None:
+def record_energy(m: Measurement, result: EnergyResult, mode: RunMode) -> None:
     """Stores a meter's figures in the Measurement (numbers in extra['energy'], reasons in
     extra['unavailable'])."""
     figures = result.metrics()
-    if RunMode(mode).per_request and "energy_j_per_image" in figures:
+    if mode.per_request and "energy_j_per_image" in figures:
         figures["energy_j_per_request"] = figures["energy_j_per_image"]
     m.extra["energy"] = {**(m.extra.get("energy") or {}), **figures}
     unavailable = {**result.unavailable, **(m.extra.get("unavailable") or {})}

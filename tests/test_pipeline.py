@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
 from autohet.planners import linear_transfer, table_transfer
 from autohet.planners.stages import (
     StageProblem,
@@ -269,7 +270,7 @@ def test_the_throughput_space_offers_pipeline_next_to_data_parallel():
     from autohet.tuning.space import load_search_space
     from autohet.tuning.tuner import space_context
 
-    space = load_search_space("search_spaces").restrict(None, "throughput")
+    space = load_search_space("search_spaces").restrict(None, RunMode.THROUGHPUT)
     assert {"pipeline", "fifo", "fast_split"} <= set(space.strategies)
     ctx = space_context(space, load_pool("actors/cpu2.yaml"), ModelSpec("lenet"), False)
     assert ctx.size("cut_points") == 1 and ctx.size("blocks") == 3 and ctx.size("devices") == 2
@@ -315,7 +316,7 @@ def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     # seeded sampler over a space that is the same on every machine (the draws: single, then a pipeline
     # with start=given; issue 24)
     cwd, env = setup_dir(tmp_path, trials=1)
-    space = load_search_space(cwd / "spaces").restrict(["pipeline"], "throughput").for_machine()[0]
+    space = load_search_space(cwd / "spaces").restrict(["pipeline"], RunMode.THROUGHPUT).for_machine()[0]
     pool = load_pool(str(REPO / "actors/cpu2.yaml"))
     first = initial_points(space, pool, space_context(space, pool, ModelSpec("lenet"), False))
     assert [p["strategy"] for p in first] == ["single", "single", "pipeline"]  # the other batch, then the pipeline

@@ -10,6 +10,7 @@ import pytest
 
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec, build_model
+from autohet.core.objectives import RunMode
 from autohet.executors import ExecutorSpec
 from autohet.planners import Problem, decode, greedy, linear_transfer, place
 from autohet.pool import PoolSpec
@@ -99,7 +100,7 @@ def test_check_vector_before_partitioning() -> None:
 
 def _placement_trials(space: SearchSpace, ctx: SpaceContext, n: int = 40) -> list[dict]:
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
-    define = DefineByRun(space.restrict(["placement"], "latency"), ctx)
+    define = DefineByRun(space.restrict(["placement"], RunMode.LATENCY), ctx)
     out = []
     for _ in range(n):
         trial = study.ask()

@@ -8,6 +8,7 @@ import optuna
 import pytest
 
 from autohet.core.errors import UserError
+from autohet.core.objectives import RunMode
 from autohet.pool import load_pool
 from autohet.tuning.initial import initial_points
 from autohet.tuning.space import OPTUNA_TRIAL_KEY, DefineByRun, SearchSpace, SpaceContext, load_search_space
@@ -106,7 +107,7 @@ def test_the_cpu_singles_of_an_auto_pool_run_one_group_of_every_core(monkeypatch
     fifo = next(p for p in first.strategies if p["strategy"] == "fifo")
     assert first.probes == [fifo] and first.later()[0].per_close_cpu  # then the strategies, then the batches
     assert first.later()[2].points == first.batches
-    assert staged_points(space, load_pool("actors/auto.yaml"), mode="latency").probes == []
+    assert staged_points(space, load_pool("actors/auto.yaml"), mode=RunMode.LATENCY).probes == []
     # an explicit pool's singles ran on a group of the size the strategies split over: nothing to probe
     assert staged_points(space, load_pool("actors/cpu2.yaml")).probes == []
 
@@ -119,7 +120,7 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
 
-    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    space = load_search_space("search_spaces").restrict(["fifo"], RunMode.THROUGHPUT)
     pool = load_pool("actors/cpu2.yaml")
     ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}))
     first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": b, "exec.cpu.batch": 16,
@@ -151,7 +152,7 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
 
-    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    space = load_search_space("search_spaces").restrict(["fifo"], RunMode.THROUGHPUT)
     pool = load_pool("actors/cpu2.yaml")
     ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
     base = {"strategy": "single", "single.executor": 0, "exec.cpu.batch": 16, "exec.cpu.precision": "fp32",
@@ -192,7 +193,7 @@ def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups(
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
 
-    space = load_search_space("search_spaces").restrict(["fifo", "chunk"], "throughput")
+    space = load_search_space("search_spaces").restrict(["fifo", "chunk"], RunMode.THROUGHPUT)
     pool = load_pool("actors/cpu2.yaml")
     ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
     base = {"strategy": "single", "single.executor": 0, "exec.cpu.batch": 64, "exec.cpu.precision": "fp32",
@@ -263,7 +264,7 @@ def cpu2_fifo_search(monkeypatch, clock: list[float]):
     from autohet.tuning.search import SingleKind, StagedSearch
     from autohet.tuning.space import DefineByRun, SpaceContext
 
-    space = load_search_space("search_spaces").restrict(["fifo"], "throughput")
+    space = load_search_space("search_spaces").restrict(["fifo"], RunMode.THROUGHPUT)
     ctx = SpaceContext({"executors": 2}, frozenset({"cpu"}), pool_dims=True)
     first = [{"strategy": "single", "single.executor": 0, "exec.cpu.backend": "eager", "exec.cpu.batch": 16,
               "exec.cpu.precision": "fp32", "exec.cpu.channels_last": False, "exec.cpu.streams": 0,
@@ -332,9 +333,9 @@ def test_the_acquire_cap_looks_ahead_to_the_tunes_expected_length(monkeypatch):
 
 def test_restrict_keeps_single_and_checks_names():
     space = load_search_space("search_spaces")
-    assert list(space.restrict(["fifo"], "throughput").strategies) == ["single", "fifo"]
+    assert list(space.restrict(["fifo"], RunMode.THROUGHPUT).strategies) == ["single", "fifo"]
     with pytest.raises(UserError, match="no search space; valid:"):
-        space.restrict(["nope"], "throughput")
+        space.restrict(["nope"], RunMode.THROUGHPUT)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -409,19 +410,19 @@ def test_a_latency_space_drops_batch_and_its_first_points_try_compiled_graphs_fi
     from autohet.executors import ExecutorSpec
     from autohet.pool import PoolSpec
 
-    space = load_search_space("search_spaces").restrict(None, "latency")
+    space = load_search_space("search_spaces").restrict(None, RunMode.LATENCY)
     assert all("batch" not in dims for dims in space.executors.values())
     assert "precision" in space.executors["gpu"]
     mixed = PoolSpec("mixed", [ExecutorSpec("gpu0", "gpu", (0,), gpu=0, batch=256, precision="fp16"),
                                ExecutorSpec("cpu0", "cpu", (1,), batch=16)])
-    points = initial_points(space, mixed, mode="latency")
+    points = initial_points(space, mixed, mode=RunMode.LATENCY)
     singles = [p for p in points if p["strategy"] == "single"]
     # the GPU alone compiled and captured first, then as a plain CUDA graph (every other first point's
     # GPU is one), then eager
     assert [p.get("exec.gpu.backend") for p in singles[:3]] == ["inductor", "cudagraphs", "eager"]
     assert all(p["exec.gpu.backend"] == "cudagraphs" for p in points if p["strategy"] != "single")
     assert not any("exec.gpu.batch" in p for p in singles)
-    assert "batch" in load_search_space("search_spaces").restrict(None, "throughput").executors["gpu"]
+    assert "batch" in load_search_space("search_spaces").restrict(None, RunMode.THROUGHPUT).executors["gpu"]
 
 
 def _first_points_on(flags: str, spaces, monkeypatch) -> tuple[list, list]:

@@ -10,11 +10,12 @@ import torch
 from autohet.block_runners._base import BlockRunner
 from autohet.block_runners._torch import TorchRunner
 from autohet.core.errors import unknown_name
+from autohet.executors.backends import BLOCK_RUNNERS
 from autohet.partition import BlockGraph
 
 __all__ = ["BACKENDS", "backend_of", "make_runner"]
 
-BACKENDS = ("torch", "tvm")
+BACKENDS = BLOCK_RUNNERS  # the block runners of the backend registry (``executors.backends``)
 
 
 def backend_of(backend: str | Mapping[Any, str], block: str, device: str) -> str:

@@ -20,6 +20,7 @@ from autohet.block_runners import backend_of, make_runner, time_runner
 from autohet.engine.devices import HOST, Device, Value
 from autohet.engine.program import Engine, Program, Step, move, transfer_worker, with_transfers
 from autohet.engine.toolkit import ChannelsLast, fit_link, graphed, mean_seconds, on_stream, time_each
+from autohet.executors.backends import backend
 from autohet.partition import BlockGraph
 
 __all__ = ["BlockPrograms", "Segment", "measure_links", "segments"]
@@ -101,10 +102,10 @@ class BlockPrograms:
             return outs if len(outs) > 1 else outs[0]
 
         call: Any = run
-        if kinds == {"torch"}:
+        if not any(backend(k).own_stream for k in kinds):
             call = graphed(run, dev, lambda: [torch.zeros(self.shapes[v], dtype=dev.dtype, device=dev.torch_device)
                                               for v in seg.inputs], self.graphs)
-        elif "tvm" in kinds and dev.on_gpu:  # TVM queues on its own stream: order it by syncs
+        elif dev.on_gpu:  # a block runner on a stream of its own (TVM): order it by syncs
             def call(*xs: torch.Tensor, _run: Any = run) -> Any:
                 torch.cuda.current_stream().synchronize()
                 out = _run(*xs)

@@ -12,15 +12,14 @@ import numpy as np
 from autohet.core.models import ModelSpec
 from autohet.core.params import BoolParam, ChoiceParam, IntParam, Param, validate_params
 from autohet.core.workload import PixelScale, Workload
-from autohet.executors.cpu_backends._registry import CPU_BACKENDS
+from autohet.executors.backends import EXECUTOR_BACKENDS, backend
 from autohet.executors.kinds import ExecutorKind, executor_kind
 
 __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult",
            "join_parts"]
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-# every backend an executor may name: the GPU's and the CPU backends' registry (one place each)
-BACKENDS = tuple(dict.fromkeys(("eager", "inductor", "cudagraphs", *CPU_BACKENDS)))
+BACKENDS = EXECUTOR_BACKENDS  # every backend an executor may name (``executors.backends``)
 INDUCTOR_MODES = ("default", "max-autotune-no-cudagraphs", "reduce-overhead", "max-autotune")
 
 # Executor parameters that a pool file sets and a trial may vary; each kind says which apply to it
@@ -110,7 +109,12 @@ class ExecutorSpec:
     def compiles(self) -> bool:
         """Its backend traces and compiles the model (inductor): dynamo's tracing patches nn.Module.__call__
         for the whole process, so such an executor loads while no other model runs in its process."""
-        return self.backend == "inductor"
+        return backend(self.backend).compiles
+
+    @property
+    def request_graph(self) -> bool:
+        """A GPU serves its batch-1 requests as one CUDA-graph replay (``executors.backends``)."""
+        return backend(self.backend).request_graph
 
     @property
     def max_unit_images(self) -> int:

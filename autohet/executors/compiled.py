@@ -16,13 +16,13 @@ from typing import Any
 import torch
 
 from autohet.core.errors import UserError
+from autohet.executors.backends import BACKENDS
 from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "cpu_flags", "graph_call",
            "native_cpu_bf16", "unsupported", "use_compile_cache"]
 
 
-_GPU_BACKENDS = ("eager", "inductor", "cudagraphs")
 
 
 def unsupported(kind: str, param: str, value: object) -> str | None:
@@ -53,8 +53,9 @@ def check_backend(kind: str, backend: str, precision: str, name: str) -> None:
         why = chosen.missing() or chosen.refuse(precision)
         if why:
             raise UserError(f"executor {name}: backend {backend}: {why}")
-    if kind == "gpu" and backend not in _GPU_BACKENDS:
-        raise UserError(f"executor {name}: {backend} is a CPU backend; a GPU runs {', '.join(_GPU_BACKENDS)}")
+    gpu_backends = [b for b, traits in BACKENDS.items() if "gpu" in traits.devices]
+    if kind == "gpu" and backend not in gpu_backends:
+        raise UserError(f"executor {name}: {backend} is a CPU backend; a GPU runs {', '.join(gpu_backends)}")
     if kind == "gpu" and precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise UserError(f"executor {name}: this GPU has no bf16 support; set precision: fp16 or fp32")
 

@@ -22,6 +22,7 @@ import numpy as np
 from autohet.config import RunConfig, load_config
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec, input_shape
+from autohet.core.objectives import RunMode
 from autohet.core.workload import PixelScale
 from autohet.runtime._inputs import Batch, ReadAhead, as_batch, join
 
@@ -54,7 +55,7 @@ class Runner:
     ``deaths``: executors that died during calls (their units re-run on the others); ``checked``:
     the first call's outputs matched the single-device fp32 reference (``check_result``)."""
 
-    def __init__(self, config: RunConfig, source: str, model: ModelSpec, mode: str, params: dict[str, Any],
+    def __init__(self, config: RunConfig, source: str, model: ModelSpec, mode: RunMode, params: dict[str, Any],
                  served: Served, pool: Pool, window: int | None, check: bool, check_images: int,
                  owns_ray: bool) -> None:
         self.config, self.source, self.model, self.mode, self.params = config, source, model, mode, params
@@ -328,7 +329,7 @@ def load(config: str | Path | RunConfig, *, model: str | None = None, checkpoint
     if mode not in strategy.modes:
         raise UserError(f"{source}: strategy {cfg.strategy} does not serve {mode} configs; re-export the config")
     given = {**cfg.params, **cfg.plan}
-    if executor is None and strategy.name == "single":  # its other executors would only hold memory and
+    if executor is None and strategy.one_executor:  # its other executors would only hold memory and
         executor = int(given.get("executor", 0))  # cores (the H100 box's auto pool: four idle CPU groups)
     if executor is not None:
         pool_spec, strategy, given = _one_executor(pool_spec, strategy, executor, source)
@@ -375,7 +376,7 @@ def _one_executor(spec: PoolSpec, strategy: Strategy, index: int, source: str
                   ) -> tuple[PoolSpec, Strategy, dict[str, Any]]:
     """A data-parallel config's executor ``index`` alone: ``single`` on a pool of it."""
     from autohet.pool import PoolSpec
-    from autohet.strategies import get_strategy
+    from autohet.strategies import BASELINE, get_strategy
 
     if strategy.family != "data_parallel":
         raise UserError(f"{source}: executor= serves one executor of a data-parallel config; {strategy.name} "
@@ -383,7 +384,7 @@ def _one_executor(spec: PoolSpec, strategy: Strategy, index: int, source: str
     if not 0 <= index < len(spec.executors):
         raise UserError(f"{source}: executor {index} is out of range; the pool has {len(spec.executors)} "
                         f"({', '.join(e.name for e in spec.executors)})")
-    return PoolSpec(spec.name, [spec.executors[index]], spec.source), get_strategy("single"), {"executor": 0}
+    return PoolSpec(spec.name, [spec.executors[index]], spec.source), get_strategy(BASELINE), {"executor": 0}
 
 
 def _model(cfg: RunConfig, name: str | None, checkpoint: str | None) -> ModelSpec:

@@ -64,7 +64,7 @@ def plan_replicas(config: RunConfig, where: str) -> list[ReplicaSpec]:
     executors = config.pool.executors
     if mode.per_request or strategy.family != "data_parallel":
         return [_replica(config, "runner", tuple(range(len(executors))), WHOLE, not mode.per_request, False, where)]
-    if strategy.name == "single":
+    if strategy.one_executor:
         index = int({**config.params, **config.plan}.get("executor", 0))
         if not 0 <= index < len(executors):
             raise UserError(f"{where}: single's executor {index} is out of range; the pool has {len(executors)}")

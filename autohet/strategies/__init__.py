@@ -12,13 +12,20 @@ from __future__ import annotations
 from typing import Any
 
 from autohet.strategies.base import Strategy
-from autohet.strategies.registry import STRATEGIES, get_strategy, register_strategy, strategy_names
+from autohet.strategies.registry import (
+    BASELINE,
+    STRATEGIES,
+    get_strategy,
+    is_baseline,
+    register_strategy,
+    strategy_names,
+)
 
 __all__ = [
-    "DEVICES", "STRATEGIES", "ChunkScheduler", "DataParallelStrategy", "FastSplitScheduler", "FifoScheduler",
-    "HatScheduler", "QuickScheduler", "SchedState", "SingleScheduler", "StaticScheduler", "Strategy",
-    "chosen_devices", "default_devices", "get_strategy", "register_strategy", "run_on_engine", "serve_on_engine",
-    "split_by_weights", "strategy_names",
+    "BASELINE", "DEVICES", "STRATEGIES", "ChunkScheduler", "DataParallelStrategy", "FastSplitScheduler",
+    "FifoScheduler", "HatScheduler", "QuickScheduler", "SchedState", "SingleScheduler", "StaticScheduler",
+    "Strategy", "chosen_devices", "default_devices", "get_strategy", "is_baseline", "register_strategy",
+    "run_on_engine", "serve_on_engine", "split_by_weights", "strategy_names",
 ]
 
 _IN_PROCESS = {"DEVICES", "chosen_devices", "default_devices", "run_on_engine", "serve_on_engine"}

@@ -14,6 +14,7 @@ from autohet.core.models import ModelSpec, build_model
 from autohet.engine import BatchOneServer, EngineJob, build_engine, device_module, request_example, timed_requests
 from autohet.executors.compiled import compile_module
 from autohet.strategies._inprocess import run_on_engine
+from autohet.strategies.registry import BASELINE
 from autohet.strategies.served import Served
 
 if TYPE_CHECKING:
@@ -34,11 +35,11 @@ def single_server(engine: Engine, model: ModelSpec, spec: ExecutorSpec, example:
     dev = engine[spec.name]
     fn = device_module(build_model(model), dev)
     compile_s = 0.0
-    if spec.backend == "inductor":  # compiled on a request as it will be served (no recompile)
+    if spec.compiles:  # compiled on a request as it will be served (no recompile)
         fn, compile_s = dev.call(lambda: compile_module(fn, spec.inductor_mode, request_example(dev, example)))
     # inductor's kernels captured in a CUDA graph too (torch.compile's "reduce-overhead" idea): at
     # batch 1 a GPU is launch-bound, and fused kernels shorten the graph itself
-    graph = spec.backend in ("cudagraphs", "inductor") and dev.on_gpu
+    graph = spec.request_graph and dev.on_gpu
     return BatchOneServer(dev, fn, example, graph), compile_s
 
 
@@ -85,7 +86,7 @@ def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: st
     """Batch-1 latency of the whole model on one executor of the pool (see module doc)."""
     spec = pool.spec.executors[executor]
     images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
-    out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec], ctx.deadline_s, "single")
+    out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec], ctx.deadline_s, BASELINE)
     times = out["times_s"]
     reports = [ExecutorReport(s.name, s.device, len(times) if k == executor else 0,
                               float(sum(times)) if k == executor else 0.0, 0.0, s.simulated)

@@ -38,6 +38,9 @@ class Strategy(ABC):
     params: ClassVar[dict[str, Param]] = {}
     # runs on the in-process engine (autohet.engine): the pool's executor actors are not started for it
     on_engine: ClassVar[bool] = False
+    # runs every image on one executor of the pool (its ``executor`` parameter): a config of it is served
+    # by that executor alone, the others not started
+    one_executor: ClassVar[bool] = False
 
     def validate(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in; unknown names and out-of-range values raise UserError."""
@@ -66,7 +69,7 @@ class Strategy(ABC):
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:
         """Runs the workload with validated params and returns what was measured."""
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: RunMode, sample: Workload) -> Served:
         """Optional hook: the validated params held ready for production calls (``strategies.served``),
         for a ``throughput`` or ``latency`` config. Everything is built here, once: executors started
         on ``pool`` (not started yet) with ``sample`` images, engine programs built, a plan the params
@@ -164,10 +167,10 @@ class EngineStrategy(Strategy):
         """Optional hook: what ``serve`` builds on an engine of this process, and the frame size."""
         raise _cannot_serve(self.name)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: RunMode, sample: Workload) -> Served:
         """The family's program on an engine of this process over the chosen executors (``served``)."""
         from autohet.strategies._inprocess import serve_on_engine
 
         specs = self.chosen(pool, params)
-        build, batch = self.served(pool, specs, model, params, RunMode(mode), sample)
+        build, batch = self.served(pool, specs, model, params, mode, sample)
         return serve_on_engine(specs, build, batch)

@@ -104,7 +104,7 @@ class DataParallelStrategy(Strategy):
         standalone = ctx.standalone(pool)
         return drive_measurement(ctx, pool, self.name, params, result, standalone)
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: RunMode, sample: Workload) -> Served:
         """The pool's executors started once (models built, compiled, warmed on ``sample``); each call's
         images become their workload and are split by this scheduler (``DataParallelServed``)."""
         pool.start(model, sample)
@@ -230,6 +230,7 @@ class SingleScheduler(DataParallelStrategy):
 
     name = "single"
     barrier = True
+    one_executor = True
     modes = (RunMode.THROUGHPUT, RunMode.LATENCY)
     params = {"executor": IntParam("executor", 0, low=0, high=1023, help="index of the executor in the pool")}
 
@@ -238,11 +239,11 @@ class SingleScheduler(DataParallelStrategy):
             raise UserError(f"single: executor {params['executor']} is out of range; the pool has "
                             f"{len(pool)} executors (0-{len(pool) - 1}: {', '.join(pool.names)})")
 
-    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: str, sample: Workload) -> Served:
+    def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: RunMode, sample: Workload) -> Served:
         """Throughput: every call on the executor (the driver's path); latency: each image a batch-1
         request on the executor's device, as the latency run measured it (``_latency``)."""
         self.check_pool(pool, params)
-        if not RunMode(mode).per_request:
+        if not mode.per_request:
             return super().serve(pool, model, params, mode, sample)
         from autohet.strategies._latency import SingleLatencyServed
 

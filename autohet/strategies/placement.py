@@ -25,6 +25,7 @@ from autohet.core.measurement import ExecutorReport
 from autohet.core.objectives import RunMode
 from autohet.core.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
 from autohet.engine import EngineJob
+from autohet.executors.backends import BLOCK_RUNNERS, PER_BLOCK, backend, block_runners_for
 from autohet.strategies._inprocess import DEVICES, default_devices
 from autohet.strategies.base import EngineStrategy, start_param
 
@@ -134,28 +135,28 @@ class PlacementJob(EngineJob):
         from autohet.planners import place, problem_from_graph, table_transfer
 
         params, devices, model = self.params, self.devices, self.model
-        backend = params["backend"]
+        runners = block_runners_for(params["backend"])
         graph = partition(build_model(model), batch=1, seed=model.seed, input_shape=input_shape(model.name),
                           name=model.name)
         start = start_assignment(params, graph.names, devices)  # before any timing: a bad vector fails fast
         target = {d: str(engine[d].torch_device) for d in devices}
-        if backend == "tvm":
+        if len(runners) == 1 and backend(runners[0]).needs_tuning:
             _require_tuned(self.model.name, sorted(set(target.values())))
-        # per_block: each (block, device) runs with whichever backend measured faster there; TVM only where a
-        # MetaSchedule database exists (untuned it is 50-150x slower: minutes of timing for nothing)
-        on = {k: devices for k in (("torch", "tvm") if backend == "per_block" else (backend,))}
-        if backend == "per_block":
+        # per_block: each (block, device) runs with whichever block runner measured faster there; one that
+        # needs tuning (TVM) only where its database exists (untuned, minutes of timing for nothing)
+        on = {k: devices for k in runners}
+        if len(runners) > 1:
             ready = set(tvm_ready(self.model.name, sorted(set(target.values()))))
-            on["tvm"] = [d for d in devices if target[d] in ready]
+            on.update({k: [d for d in devices if target[d] in ready] for k in runners if backend(k).needs_tuning})
         kinds = tuple(k for k in on if on[k])
         graphs = params["graphs"]
-        if reuse_given and start is not None and params["x"] == 0 and backend != "per_block":
-            return Placed(graph, BlockPrograms(engine, graph, backend, graphs), start, kinds, on)
+        if reuse_given and start is not None and params["x"] == 0 and len(runners) == 1:
+            return Placed(graph, BlockPrograms(engine, graph, runners[0], graphs), start, kinds, on)
         by_kind = {k: BlockPrograms(engine, graph, k, graphs).block_times(on[k], runs=params["runs"]) for k in kinds}
         choice = {cell: min((k for k in kinds if cell in by_kind[k]), key=lambda k, c=cell: by_kind[k][c])
                   for cell in by_kind[kinds[0]]}
         times = {cell: by_kind[choice[cell]][cell] for cell in choice}
-        programs = BlockPrograms(engine, graph, backend if backend != "per_block" else choice, graphs)
+        programs = BlockPrograms(engine, graph, runners[0] if len(runners) == 1 else choice, graphs)
         links = measure_links(engine, devices) if len(devices) > 1 else {}
         transfer = table_transfer(links) if links else None
         problem = problem_from_graph(graph, devices, times, transfer, source_device="host", sink_device="host")
@@ -199,7 +200,7 @@ class PlacementStrategy(EngineStrategy):
     modes = (RunMode.LATENCY,)
     params: ClassVar[dict[str, Param]] = {
         "x": IntParam("x", 2, low=0, high=20, help="correction rounds without gain before stopping (0: none)"),
-        "backend": ChoiceParam("backend", "torch", choices=("torch", "tvm", "per_block"),
+        "backend": ChoiceParam("backend", "torch", choices=(*BLOCK_RUNNERS, PER_BLOCK),
                                help="block backend; per_block: torch or tvm per (block, device), the faster measured "
                                     "(tvm needs MetaSchedule databases from `autohet compile`; per_block uses "
                                     "them where they exist)"),
@@ -239,7 +240,7 @@ class PlacementStrategy(EngineStrategy):
 
     def plan_params(self, params: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
         """The vector the run ended on, to run as given (per_block backends are chosen by measurement)."""
-        if params.get("backend") == "per_block" or extra.get("assignment_vector") is None:
+        if len(block_runners_for(params.get("backend", "torch"))) > 1 or extra.get("assignment_vector") is None:
             return {}
         return {"start": "given", "assignment": [int(i) for i in extra["assignment_vector"]], "x": 0}
 

@@ -15,7 +15,11 @@ from importlib import metadata
 from autohet.core.errors import unknown_name
 from autohet.strategies.base import Strategy
 
-__all__ = ["STRATEGIES", "get_strategy", "register_strategy", "strategy_names"]
+__all__ = ["BASELINE", "STRATEGIES", "get_strategy", "is_baseline", "register_strategy", "strategy_names"]
+
+# the single-device baseline: every image on one executor. Every tune runs it first on each device, every other
+# strategy is compared with it, a one-executor config is served as it; a caller asks ``is_baseline``
+BASELINE = "single"
 
 # name -> "module:Class"
 STRATEGIES: dict[str, str] = {
@@ -46,6 +50,11 @@ def _load_plugins() -> None:
         STRATEGIES.setdefault(entry.name, entry.value)
     for module in filter(None, (m.strip() for m in os.environ.get("AUTOHET_PLUGINS", "").split(","))):
         importlib.import_module(module)
+
+
+def is_baseline(name: str | None) -> bool:
+    """Whether ``name`` is the single-device baseline (``BASELINE``)."""
+    return name == BASELINE
 
 
 def register_strategy(name: str, target: str) -> None:

@@ -115,7 +115,7 @@ def check_real_run(name: str, pool_file: str = "actors/cpu2.yaml", model: str = 
             pool.shutdown()
         assert m.output_ok, f"{name} ({mode}): {m.failures}"
         assert not m.simulated
-        if RunMode(mode).per_request:
+        if mode.per_request:
             assert m.latency_ms["p50"] > 0 and m.limit_ips is None and m.efficiency is None
         else:
             assert m.throughput_ips > 0 and m.limit_ips is not None and m.limit_ips > 0

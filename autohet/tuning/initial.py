@@ -17,20 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from autohet.core.objectives import Objective, RunMode
+from autohet.executors.backends import EXECUTOR_BACKENDS, backend
 from autohet.pool import PoolSpec
 from autohet.pool.spec import GPU_BOX_GROUP
-from autohet.strategies import get_strategy
+from autohet.strategies import BASELINE, get_strategy, is_baseline
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.space import SearchSpace
 
 __all__ = ["CLOSE_TO_BEST", "CPU_VARIANTS", "PROBES_MOST", "CpuVariant", "FirstPoints", "Known", "Stage",
            "initial_points", "split_winner", "staged_points", "with_best"]
 
-# the compiled backends first, for both objectives: inductor, then CUDA graphs. At batch 1 inductor
-# is compiled and then captured, and beat the plain CUDA graph on the H100 box (0.22 vs 0.39 ms
-# resnet18, 0.42 vs 0.77 ms mobilenet_v2; a 150 s mobilenet_v2 tune that tried the graph first
-# ended on it)
-_BACKEND_FIRST = {"inductor": 0, "cudagraphs": 1}
 
 # A CPU group's variants (backend, precision, channels_last), the fastest first as measured on the
 # 2-core box (vgg16, 2 threads: OpenVINO bf16 14.4 img/s, eager bf16 channels_last 12.3, ONNX Runtime
@@ -226,13 +222,13 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     if found is None:
         return []
     index, pool_dims = found
-    base = {"strategy": "single", "single.executor": index, **defaults, **pool_dims}
+    base = {"strategy": BASELINE, f"{BASELINE}.executor": index, **defaults, **pool_dims}
     dims = space.executors.get("cpu", {})
     points = []
     seen = {tuple(base.get(f"exec.cpu.{k}") for k in CpuVariant._fields)}
     beside_gpu = any(e.uses_gpu for e in pool.executors)
     for variant in CPU_VARIANTS:
-        if beside_gpu and variant.backend == "inductor":
+        if beside_gpu and backend(variant.backend).compiles:
             continue  # minutes of compiling for a group that adds under 1% next to a GPU (BENCHMARKS 2a)
         point = dict(base)
         for name, value in variant.settings().items():
@@ -260,7 +256,7 @@ def _cpu_batches(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     if found is None or dim is None or any(e.uses_gpu for e in pool.executors):
         return []
     index, pool_dims = found
-    base = {"strategy": "single", "single.executor": index, **defaults, **pool_dims}
+    base = {"strategy": BASELINE, f"{BASELINE}.executor": index, **defaults, **pool_dims}
     values = sorted((v for v in dim.values() or [] if v != base.get("exec.cpu.batch")), reverse=True)
     return [{**base, "exec.cpu.batch": v} for v in values]
 
@@ -281,33 +277,34 @@ def _split_probes(space: SearchSpace, pool: PoolSpec, strategies: list[dict[str,
     return [dict(probe)]
 
 
-def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: RunMode) -> list[dict[str, Any]]:
     """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
     first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
     would run instead, and a short tune (mobilenet_v2, 5 trials, H100 box) ran out of time before it."""
-    base = {"strategy": "single", "single.executor": index, **defaults}
+    base = {"strategy": BASELINE, f"{BASELINE}.executor": index, **defaults}
     ours: list[dict[str, Any]] = [base]
     for name in ("backend", "batch"):
         dim = space.executors.get("gpu", {}).get(name)
         values = list((dim.values() if dim is not None else None) or [])
         if name == "backend":
-            values.sort(key=lambda v: _BACKEND_FIRST.get(v, len(_BACKEND_FIRST)))
+            values.sort(key=lambda v: (backend(v).gpu_first is None, backend(v).gpu_first or 0))
         ours += [{**base, f"exec.gpu.{name}": v} for v in values if v != defaults.get(f"exec.gpu.{name}")]
-    if RunMode(mode).per_request and len(ours) > 1 and ours[1].get("exec.gpu.backend") == "inductor":
+    if mode.per_request and len(ours) > 1 and backend(ours[1].get("exec.gpu.backend", "eager")).compiles:
         ours[:2] = ours[1::-1]  # the compiled-and-captured GPU before the plain graph
     return ours
 
 
 def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
-                  mode: str = RunMode.THROUGHPUT) -> FirstPoints:
+                  mode: RunMode = RunMode.THROUGHPUT) -> FirstPoints:
     """Stage one: single per GPU kind and size (each backend, then batch), then the CPU group at each
     backend and precision; then the CPU group at its other batches (throughput only); stage two: every
     strategy at its pool-suited defaults (values outside the space are left to the sampler). ``mode``:
     the objective's; latency puts every GPU on CUDA graphs and tries the GPU alone with inductor first."""
     defaults = _exec_defaults(space, pool)
-    backend = space.executors.get("gpu", {}).get("backend")
-    if RunMode(mode).per_request and backend is not None and backend.contains("cudagraphs"):
-        defaults["exec.gpu.backend"] = "cudagraphs"  # every first point's GPU: batch 1 is launch-bound
+    dim = space.executors.get("gpu", {}).get("backend")
+    graphed = [b for b in EXECUTOR_BACKENDS if backend(b).request_graph and not backend(b).compiles]
+    if mode.per_request and dim is not None and graphed and dim.contains(graphed[0]):
+        defaults["exec.gpu.backend"] = graphed[0]  # every first point's GPU (a CUDA graph): batch 1 is launch-bound
     singles: list[dict[str, Any]] = []
     seen: set[tuple[str, int]] = set()
     for i, e in enumerate(pool.executors):
@@ -317,12 +314,13 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         if e.is_gpu:
             singles += _gpu_singles(space, i, defaults, mode)
         else:
-            singles.append({"strategy": "single", "single.executor": i, **defaults})
+            singles.append({"strategy": BASELINE, f"{BASELINE}.executor": i, **defaults})
     cpu_singles = _cpu_singles(space, pool, defaults)
-    batches = [] if RunMode(mode).per_request else _cpu_batches(space, pool, defaults)
-    strategies = [_strategy_point(space, name, pool, defaults, ctx) for name in space.strategies if name != "single"]
-    probes = [] if RunMode(mode).per_request else _split_probes(space, pool, strategies)
-    together = [] if RunMode(mode).per_request else _gpus_together(space, pool, defaults, ctx)
+    batches = [] if mode.per_request else _cpu_batches(space, pool, defaults)
+    strategies = [_strategy_point(space, name, pool, defaults, ctx) for name in space.strategies
+                  if not is_baseline(name)]
+    probes = [] if mode.per_request else _split_probes(space, pool, strategies)
+    together = [] if mode.per_request else _gpus_together(space, pool, defaults, ctx)
     if not together:
         return FirstPoints(singles + cpu_singles, strategies, batches, probes)
     backends = [p for p in singles if "exec.gpu.batch" not in p or p["exec.gpu.batch"] == defaults.get(
@@ -357,7 +355,7 @@ def _gpus_together(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any],
 
 
 def initial_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None = None,
-                   mode: str = RunMode.THROUGHPUT) -> list[dict[str, Any]]:
+                   mode: RunMode = RunMode.THROUGHPUT) -> list[dict[str, Any]]:
     """Every stage's points in order, the later ones at the pool's own executor settings."""
     return staged_points(space, pool, ctx, mode).all()
 

@@ -21,7 +21,9 @@ from typing import Any
 from ray.tune.search.optuna import OptunaSearch
 
 from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.executors import executor_kind
 from autohet.pool import PoolSpec
+from autohet.strategies import is_baseline
 from autohet.tuning.initial import CLOSE_TO_BEST, PROBES_MOST, Known, Stage, split_winner
 
 __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
@@ -166,17 +168,17 @@ class StagedSearch(OptunaSearch):
         if trial_id in self._probes:
             self.split_probes.append((value, config.get("pool.cpu_group_size"), cpu))
             return
-        kind = self._kind_of(config) if self._kind_of is not None and config.get("strategy") == "single" else None
+        kind = self._kind_of(config) if self._kind_of is not None and is_baseline(config.get("strategy")) else None
         if kind is None:
             return
-        if kind == "cpu":
+        if executor_kind(kind).is_cpu:
             variant = tuple(sorted((k, v) for k, v in cpu.items() if k != "exec.cpu.batch"))
             if variant not in self.cpu_variants or better(value, self.cpu_variants[variant]):
                 self.cpu_variants[variant] = value
         known = self.best.get(kind)
         if known is None or better(value, known[0]):
             self.best[kind] = (value, {k: v for k, v in config.items() if k.startswith(f"exec.{kind}.")})
-            if kind == "cpu":
+            if executor_kind(kind).is_cpu:
                 self.best_cpu_group = config.get("pool.cpu_group_size")
 
 

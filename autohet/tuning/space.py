@@ -31,7 +31,7 @@ from autohet.core.params import Param
 from autohet.core.yaml_files import read_yaml_mapping
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
 from autohet.pool.spec import POOL_DIMS, PoolSpec
-from autohet.strategies import get_strategy, strategy_names
+from autohet.strategies import BASELINE, get_strategy, is_baseline, strategy_names
 from autohet.tuning.dims import CategoricalDim, Dim, FloatDim, IntDim, SpaceContext, parse_dim
 
 __all__ = ["OPTUNA_TRIAL_KEY", "DefineByRun", "SearchSpace", "SpaceContext", "load_search_space"]
@@ -104,11 +104,11 @@ class SearchSpace:
     executors: dict[str, dict[str, Dim]]
     pool: dict[str, Dim]
 
-    def restrict(self, names: list[str] | None, mode: str) -> SearchSpace:
+    def restrict(self, names: list[str] | None, mode: RunMode) -> SearchSpace:
         """Only ``names`` (plus ``single``, always) among strategies that serve runs of ``mode``; for
         latency, without the executors' batch (requests are batch 1: trials varying it measure the
         same thing)."""
-        valid = [n for n in self.strategies if mode in get_strategy(n).modes or n == "single"]
+        valid = [n for n in self.strategies if mode in get_strategy(n).modes or is_baseline(n)]
         if names:
             unknown = [n for n in names if n not in self.strategies]
             if unknown:
@@ -118,8 +118,8 @@ class SearchSpace:
             if wrong:
                 raise UserError(f"--strategies: {wrong[0]!r} does not serve {mode} runs; "
                                 f"valid for them: {', '.join(valid)}")
-            valid = [n for n in valid if n in names or n == "single"]
-        executors = self.executors if not RunMode(mode).per_request else {
+            valid = [n for n in valid if n in names or is_baseline(n)]
+        executors = self.executors if not mode.per_request else {
             kind: {p: d for p, d in dims.items() if p != "batch"} for kind, dims in self.executors.items()}
         return SearchSpace({n: self.strategies[n] for n in valid}, executors, self.pool)
 
@@ -270,8 +270,8 @@ def load_search_space(directory: str | Path = "search_spaces") -> SearchSpace:
             if name not in POOL_DIMS:
                 raise UserError(f"{path}: pool has no dimension {name!r}; valid: {', '.join(POOL_DIMS)}")
             pool[name] = _plain(parse_dim(dim, f"pool.{name}", where), where)
-    if "single" not in strategies:
+    if BASELINE not in strategies:
         from autohet.tuning.dims import PoolIndexDim
 
-        strategies["single"] = {"executor": PoolIndexDim("executor")}
+        strategies[BASELINE] = {"executor": PoolIndexDim("executor")}
     return SearchSpace(strategies, executors, pool)

@@ -29,7 +29,7 @@ from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.core.workload import Workload
 from autohet.platform.thermal import too_hot, wait_cool
 from autohet.pool import PoolSpec
-from autohet.strategies import get_strategy
+from autohet.strategies import get_strategy, is_baseline
 from autohet.strategy_run import energy_sources, run_strategy
 from autohet.tuning.space import SearchSpace
 
@@ -294,7 +294,7 @@ def _single_speed(strategy: str, params: dict[str, Any], manager: Any, setup: Tr
     import ray
 
     index = params.get("executor")
-    if strategy != "single" or not isinstance(index, int):
+    if not is_baseline(strategy) or not isinstance(index, int):
         return None
     t0 = time.perf_counter()
     try:  # the figure known for its configuration, else measured now
@@ -335,7 +335,7 @@ def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any,
     of running until it is cut and its actor replaced."""
     import ray
 
-    if strategy != "single" or deadline_s is None or setup.objectives.mode.per_request:
+    if not is_baseline(strategy) or deadline_s is None or setup.objectives.mode.per_request:
         return
     index = params.get("executor")
     if not isinstance(index, int):

@@ -28,6 +28,7 @@ from autohet.core.workload import Workload
 from autohet.platform.ray_cluster import get_interruptibly
 from autohet.pool import PoolSpec
 from autohet.pool.spec import POOL_DIMS
+from autohet.strategies import BASELINE
 from autohet.tracking import TuneOutcome
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.finals import FINAL_SHARE
@@ -192,7 +193,7 @@ def _search_space(settings: TuneSettings) -> SearchSpace:
                                                                          mode).for_machine()
     for note in left_out:
         print(f"autohet: note: {note}", file=sys.stderr)
-    if mode.per_request and list(space.strategies) == ["single"]:
+    if mode.per_request and list(space.strategies) == [BASELINE]:
         print("autohet: note: only `single` serves latency runs with these search spaces", file=sys.stderr)
     return space
 

@@ -24,7 +24,7 @@ __all__ = ["ChannelsSession"]
 class ChannelsSession:
     """Built on the engine's side: ``params`` are the strategy's (graphs, runs, batch, depth, rest)."""
 
-    def __init__(self, engine: Engine, model: ModelSpec, mode: str, workload: Workload, requests: int,
+    def __init__(self, engine: Engine, model: ModelSpec, mode: RunMode, workload: Workload, requests: int,
                  devices: list[str], params: dict[str, Any], standalone_s: float = 1.0, measure: bool = True) -> None:
         """``measure`` off (a served config): where the params fix the whole plan (``given``) nothing is
         timed; the devices alone, layers and links are measured only when the plan needs them."""
@@ -36,9 +36,9 @@ class ChannelsSession:
         from autohet.strategies.channels._layers import channel_graph
         from autohet.strategies.channels._programs import ChannelPrograms
 
-        self.engine, self.model, self.mode, self.workload = engine, model, RunMode(mode), workload
+        self.engine, self.model, self.mode, self.workload = engine, model, mode, workload
         self.requests, self.devices, self.params, self.standalone_s = requests, devices, params, standalone_s
-        batch = RunMode(mode).frame(params["batch"])
+        batch = mode.frame(params["batch"])
         module = build_model(model)
         example = torch.from_numpy(np.ascontiguousarray(workload.rows(0, 1))).expand(
             batch, *input_shape(model.name)).contiguous()
@@ -53,7 +53,7 @@ class ChannelsSession:
             self.links, self.hops = {}, {}
         else:
             self.baselines = self._baselines(module, example)
-            pick = RunMode(mode).pick(min, max)
+            pick = mode.pick(min, max)
             self.rest = devices[params["rest"]] if params.get("rest") is not None else pick(self.baselines,
                                                                                            key=self.baselines.get)
             self.times = self.programs.layer_times(devices, runs=params["runs"])

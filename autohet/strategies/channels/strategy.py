@@ -56,9 +56,9 @@ def check_params(params: dict[str, Any], devices: list[str]) -> None:
 class ChannelsJob(EngineJob):
     """Trace, time layers and links, plan, run the plan next to each device alone (runs where the engine is)."""
 
-    def __init__(self, model: ModelSpec, mode: str, workload: Workload, requests: int, devices: list[str],
+    def __init__(self, model: ModelSpec, mode: RunMode, workload: Workload, requests: int, devices: list[str],
                  params: dict[str, Any], standalone_s: float = 1.0) -> None:
-        self.model, self.mode, self.workload, self.requests = model, RunMode(mode), workload, requests
+        self.model, self.mode, self.workload, self.requests = model, mode, workload, requests
         self.devices, self.params, self.standalone_s = devices, params, standalone_s
 
     def planned(self, engine: Engine, measure: bool = True) -> tuple[ChannelsSession, PairingPlan]:

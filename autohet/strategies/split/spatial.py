@@ -61,12 +61,12 @@ class SpatialJob(EngineJob):
     how: ClassVar[str] = "split"
     reports = True  # off (a served config): planning measures only what the plan needs, no tables
 
-    def __init__(self, model: ModelSpec, mode: str, images: np.ndarray | Workload, devices: list[str],
+    def __init__(self, model: ModelSpec, mode: RunMode, images: np.ndarray | Workload, devices: list[str],
                  gpus: list[int], cpus: bool, params: dict[str, Any], seconds: float = 1.0) -> None:
         """``images``: the latency run's requests, or the throughput run's workload; ``gpus``: CUDA
         indices and ``cpus``: whether CPUs take part (temperatures); ``seconds``: each throughput
         baseline's length."""
-        self.model, self.mode, self.images, self.devices = model, RunMode(mode), images, devices
+        self.model, self.mode, self.images, self.devices = model, mode, images, devices
         self.gpus, self.cpus, self.params, self.seconds = gpus, cpus, params, seconds
 
     @property
@@ -221,11 +221,11 @@ class SpatialStrategy(EngineStrategy):
     def check_params(self, params: dict[str, Any], devices: int) -> None:
         """What can be checked before tracing the model (subclasses)."""
 
-    def _job(self, specs: list[ExecutorSpec], model: ModelSpec, mode: str, workload: Workload, requests: int,
+    def _job(self, specs: list[ExecutorSpec], model: ModelSpec, mode: RunMode, workload: Workload, requests: int,
              params: dict[str, Any], seconds: float) -> SpatialJob:
         """The job over the chosen executors: the first ``requests`` images as batch-1 requests
         (latency) or the whole workload in frames of ``batch`` (default: the executors' smallest)."""
-        images: Any = np.ascontiguousarray(workload.rows(0, requests)) if RunMode(mode).per_request else workload
+        images: Any = np.ascontiguousarray(workload.rows(0, requests)) if mode.per_request else workload
         batch = params.get("batch") or min(s.batch for s in specs)
         gpus = [int(s.gpu or 0) for s in specs if s.is_gpu]
         return self.job(model, mode, images, [s.name for s in specs], gpus, any(s.is_cpu for s in specs),
