@@ -9,6 +9,7 @@ import os
 import sys
 
 from autohet.core.errors import Interrupted, UserError
+from autohet.core.settings import env
 
 __all__ = ["main", "build_parser"]
 
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         cause = _interrupt_in(exc)
         if cause is not None:
             return _interrupted(cause)
-        if os.environ.get("AUTOHET_DEBUG"):
+        if env("AUTOHET_DEBUG"):
             raise
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         print(f"autohet: internal error: {type(exc).__name__}: {first} (rerun with AUTOHET_DEBUG=1 for the "

@@ -45,9 +45,9 @@ def devices(smoke: bool, sms: int | None, precision: str) -> list:
 
 def _figure(session: ChannelsSession, out: dict[str, Any]) -> float:
     """p50 ms (latency) or images/s (throughput) of one measured plan."""
-    if RunMode(session.mode).per_request:
-        return float(np.median(out["times_s"])) * 1e3
-    return session.workload.images / out["wall_s"]
+    if session.mode.per_request:
+        return float(np.median(out.times_s)) * 1e3
+    return session.workload.images / out.wall_s
 
 
 def _check(session: ChannelsSession, outputs: np.ndarray, reference: np.ndarray, precision: str) -> bool:
@@ -63,7 +63,7 @@ def _tune(session: ChannelsSession, trials: int, start: Any, run: Any) -> tuple[
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     n = len(session.names)
-    sign = RunMode(session.mode).pick(1.0, -1.0)
+    sign = session.mode.pick(1.0, -1.0)
     study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=0))
     first = {f"pair{i}": start.pairing[i] for i in range(n) if session.costs[i].pairs_next}
     if len(session.devices) == 2:
@@ -90,7 +90,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
     images = run_mode.pick(args.requests, args.images)
     workload = Workload.from_spec(WorkloadSpec(images, input_shape(model)))
     params = {"graphs": args.graphs, "runs": args.runs, "batch": args.batch, "depth": 2, "rest": None}
-    session = ChannelsSession(engine, ModelSpec(model), mode, workload, args.requests, names, params,
+    session = ChannelsSession(engine, ModelSpec(model), run_mode, workload, args.requests, names, params,
                               args.standalone_seconds)
     import torch
 
@@ -103,7 +103,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
 
     def run(plan: Any) -> float:
         out = session.measure(plan)
-        ok = _check(session, out["outputs"], reference, precision)
+        ok = _check(session, out.outputs, reference, precision)
         return _figure(session, out) if ok else run_mode.pick(float("inf"), 0.0)
 
     planned = session.plan()
@@ -121,7 +121,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
         rows.append({"model": model, "mode": mode, "row": "plan", "name": variant, unit: figure,
                      "measured_ms": figure if run_mode.per_request else 1e3 * args.batch / figure,
                      "modelled_ms": plan.modelled_s * 1e3, f"best_single_{unit}": best_single,
-                     "vs_best_single": figure / best_single, "output_ok": _check(session, out["outputs"], reference,
+                     "vs_best_single": figure / best_single, "output_ok": _check(session, out.outputs, reference,
                                                                                  precision),
                      "pairing": plan.pairing, "iop_units": sum(u.kind == "iop" for u in plan.units),
                      "whole_units": sum(u.kind == "whole" for u in plan.units)})
@@ -133,7 +133,7 @@ def bench_model(engine: Any, names: list[str], model: str, mode: str, args: argp
                      "measured_ms": figure if run_mode.per_request else 1e3 * args.batch / figure,
                      "modelled_ms": plan.modelled_s * 1e3, f"best_single_{unit}": best_single,
                      "vs_best_single": figure / best_single,
-                     "output_ok": _check(session, out["outputs"], reference, precision), "pairing": plan.pairing,
+                     "output_ok": _check(session, out.outputs, reference, precision), "pairing": plan.pairing,
                      "shares": [s[0] for s in plan.shares]})
     rows.append({"model": model, "mode": mode, "row": "baselines", "name": "devices alone", **{
         f"{d} {unit}": v for d, v in session.baselines.items()}, "rest": session.rest,

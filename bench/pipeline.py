@@ -78,13 +78,14 @@ def pipeline_row(name: str, specs: list[ExecutorSpec], ctx: RunContext, args: ar
     params["batch"] = params["batch"] or default_batch(specs, ctx.workload.images)
     engine = engine_for(specs)
     try:
-        out = PipelineJob(ctx.model, ctx.workload, [s.name for s in specs], params).run(engine)
+        result = PipelineJob(ctx.model, ctx.workload, [s.name for s in specs], params).run(engine)
+        out = result.report
     finally:
         engine.close()
     images = ctx.workload.images
-    ok, diff, _, problems = ctx.check(out["outputs"], np.ones(images, dtype=np.int32),
+    ok, diff, _, problems = ctx.check(result.outputs, np.ones(images, dtype=np.int32),
                                       tolerance_for([s.precision for s in specs]), False)
-    ips = images / out["wall_s"]
+    ips = images / (result.wall_s or float("nan"))
     print(f"  pipeline batch {out['batch']} depth {out['depth']}: {ips:.1f} img/s, bound {out['bound_ips']:.1f} "
           f"(modelled {out['modelled_bound_ips'] or float('nan'):.1f}), efficiency {ips / out['bound_ips']:.3f}, "
           f"output {'ok' if ok else 'FAILED ' + '; '.join(problems)}; collector in the run: "

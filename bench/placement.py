@@ -53,8 +53,9 @@ def main() -> None:
             for graphs in [g.strip() == "on" for g in args.graphs.split(",")]:
                 params = {"x": 2, "backend": args.backend, "runs": 10, "start": "greedy", "assignment": None,
                           "graphs": graphs}
-                out = PlacementJob(ModelSpec(name), np.ascontiguousarray(images), names, params).run(engine)
-                p50 = float(np.median(out["times_s"])) * 1e3
+                result = PlacementJob(ModelSpec(name), np.ascontiguousarray(images), names, params).run(engine)
+                out = result.report
+                p50 = float(np.median(result.times_s)) * 1e3
                 best = min(out["baselines_p50_ms"].values())
                 print(f"\n{name} (graphs {'on' if graphs else 'off'}): per-block mean ms (10 runs after warm-up)")
                 for block in out["blocks"]:

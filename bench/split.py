@@ -94,6 +94,7 @@ def run_model(engine: Any, model: str, names: list[str], gpus: list[int], args: 
     """The split strategy planned and at the sweep's best ratios, and CoEdge, next to each device alone."""
     from autohet.context import tolerance_for
     from autohet.core.models import ModelSpec, build_model, input_shape
+    from autohet.core.objectives import RunMode
     from autohet.core.workload import Workload, WorkloadSpec
     from autohet.strategies.split.coedge import CoEdgeJob, CoEdgeStrategy
     from autohet.strategies.split.strategy import SplitJob, SplitStrategy
@@ -106,41 +107,41 @@ def run_model(engine: Any, model: str, names: list[str], gpus: list[int], args: 
     cpus = any(not engine[d].on_gpu for d in names)
     common = {"batch": 1, "runs": args.runs, "max_windows": args.max_windows}
     out: dict[str, Any] = {"model": model}
-    planned = SplitJob(spec, "latency", images, names, gpus, cpus,
+    planned = SplitJob(spec, RunMode.LATENCY, images, names, gpus, cpus,
                        SplitStrategy().validate(common)).run(engine)
     best: dict[int, tuple[float, float]] = {}
     for row in (r for r in sweep if r["model"] == model):
         if row["chain"] not in best or row["total_ms"] < best[row["chain"]][1]:
             best[row["chain"]] = (row["cpu_share"], row["total_ms"])
     ratios = [best[c][0] for c in sorted(best)]
-    swept = SplitJob(spec, "latency", images, names, gpus, cpus,
+    swept = SplitJob(spec, RunMode.LATENCY, images, names, gpus, cpus,
                      SplitStrategy().validate({**common, "start": "given", "ratios": ratios})).run(engine)
-    coedge = CoEdgeJob(spec, "latency", images, names, gpus, cpus,
+    coedge = CoEdgeJob(spec, RunMode.LATENCY, images, names, gpus, cpus,
                        CoEdgeStrategy().validate({"batch": 1, "runs": args.runs})).run(engine)
-    base = planned["baselines"]
+    base = planned.report["baselines"]
     out["alone_p50_ms"] = {d: b["p50_ms"] for d, b in base.items()}
     single = min(out["alone_p50_ms"].values())
     for label, got in (("split_planned", planned), ("split_swept", swept), ("coedge", coedge)):
-        ok, diff = check(module, images, got["outputs"], precision)
-        p50 = float(np.median(got["times_s"])) * 1e3
+        ok, diff = check(module, images, got.outputs, precision)
+        p50 = float(np.median(got.times_s)) * 1e3
         out[label] = {"p50_ms": p50, "over_best_single": p50 / single, "output_ok": ok, "max_abs_diff": diff,
-                      "ratios": got["ratios"], "rest": got["rest"]}
+                      "ratios": got.report["ratios"], "rest": got.report["rest"]}
     if args.throughput_batch:
         n = (8 if args.smoke else args.throughput_frames) * args.throughput_batch  # a steady rate, not the fill
         workload = Workload.from_spec(WorkloadSpec(n, input_shape(model)))
         for label, cls, strategy in (("split", SplitJob, SplitStrategy), ("coedge", CoEdgeJob, CoEdgeStrategy)):
             params = strategy().validate({"batch": args.throughput_batch, "runs": args.runs,
                                           **({"max_windows": args.max_windows} if label == "split" else {})})
-            got = cls(spec, "throughput", workload, names, gpus, cpus, params).run(engine)
-            ok, diff = check(module, workload.rows(0, n), got["outputs"], precision)
-            limit = sum(b["ips"] for b in got["baselines"].values())
-            out[f"{label}_throughput"] = {"ips": n / got["wall_s"], "limit_ips": limit,
-                                          "efficiency": n / got["wall_s"] / limit, "output_ok": ok,
-                                          "max_abs_diff": diff, "ratios": got["ratios"],
-                                          "alone_ips": {d: b["ips"] for d, b in got["baselines"].items()}}
-    out["split_chain_table"] = planned["chain_table"]
-    out["coedge_layers"] = coedge["layer_table"]
-    out["temperature"] = planned["temperature"]
+            got = cls(spec, RunMode.THROUGHPUT, workload, names, gpus, cpus, params).run(engine)
+            ok, diff = check(module, workload.rows(0, n), got.outputs, precision)
+            limit = sum(got.alone_ips.values())
+            out[f"{label}_throughput"] = {"ips": n / got.wall_s, "limit_ips": limit,
+                                          "efficiency": n / got.wall_s / limit, "output_ok": ok,
+                                          "max_abs_diff": diff, "ratios": got.report["ratios"],
+                                          "alone_ips": dict(got.alone_ips)}
+    out["split_chain_table"] = planned.report["chain_table"]
+    out["coedge_layers"] = coedge.report["layer_table"]
+    out["temperature"] = planned.temperature
     return out
 
 

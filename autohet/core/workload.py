@@ -13,14 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from autohet.core.errors import UserError
+from autohet.core.settings import MAX_DISTINCT_BYTES
 
 __all__ = ["MAX_DISTINCT_BYTES", "PixelScale", "Workload", "WorkloadSpec", "workload_for"]
 
-# Synthetic workloads hold at most this many bytes of distinct images; larger N cycles
-# through them (image i is bank[i % bank_size]), so vgg16 x 10000 does not need 6 GB. More than
-# the last-level caches here (H100 L2 50 MB, a Sapphire Rapids L3 up to 112 MB), so a cycle is read
-# from memory as new images are; 512 MB of normals took 3.6 s of each tune's set-up on the 2-core box.
-MAX_DISTINCT_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ capture, timing loops, link fitting, the channels_last runner).
 from __future__ import annotations
 
 from autohet.engine.devices import DTYPES, HOST, CpuDevice, Device, GpuDevice, Value
-from autohet.engine.jobs import EngineActor, EngineJob, build_engine, device_for, run_job
+from autohet.engine.jobs import EngineActor, EngineJob, EngineResult, build_engine, device_for, run_job
 from autohet.engine.program import Engine, FrameStream, Program, Step, StepTime, move, with_transfers
 from autohet.engine.runs import (
     BatchOneServer,
@@ -39,8 +39,9 @@ from autohet.engine.toolkit import (
 
 __all__ = [
     "DTYPES", "HOST", "BatchOneServer", "ChannelsLast", "CpuDevice", "Device", "Engine", "EngineActor", "EngineJob",
-    "FrameStream", "GpuDevice", "Program", "Step", "StepTime", "Value", "build_engine", "device_for", "device_module",
-    "fit_link", "frames_through", "graphed", "in_layout", "mean_seconds", "move", "on_stream", "pinned_host",
-    "request_example", "request_latencies", "run_job", "seconds_each", "served_request_latencies", "step_seconds",
-    "stream_frames", "time_each", "timed_requests", "to_device", "whole_model_program", "with_transfers",
+    "EngineResult", "FrameStream", "GpuDevice", "Program", "Step", "StepTime", "Value", "build_engine", "device_for",
+    "device_module", "fit_link", "frames_through", "graphed", "in_layout", "mean_seconds", "move", "on_stream",
+    "pinned_host", "request_example", "request_latencies", "run_job", "seconds_each", "served_request_latencies",
+    "step_seconds", "stream_frames", "time_each", "timed_requests", "to_device", "whole_model_program",
+    "with_transfers",
 ]

@@ -1,7 +1,7 @@
 """In-process strategies' work as jobs: an engine over the pool's devices, in this process or in
 one Ray actor (the only Ray code of the in-process families).
 
-A job is a plain picklable object with ``run(engine) -> dict``. Under Ray it runs in an engine
+A job is a plain picklable object with ``run(engine) -> EngineResult``. Under Ray it runs in an engine
 actor that sees every GPU without claiming one (the pool's executor actors hold the devices and
 sit idle meanwhile: trials never overlap); the actor and its engine are kept for later jobs over
 the same devices, so compiled graphs and green contexts are made once.
@@ -11,21 +11,52 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from autohet.core.errors import RunTimeout, UserError
 from autohet.engine.devices import CpuDevice, Device, GpuDevice
 from autohet.engine.program import Engine
 from autohet.executors.base import ExecutorSpec
 
-__all__ = ["EngineActor", "EngineJob", "build_engine", "device_for", "run_job"]
+__all__ = ["EngineActor", "EngineJob", "EngineResult", "build_engine", "device_for", "run_job"]
+
+
+@dataclass
+class EngineResult:
+    """What an engine job measured, for its family's ``measurement``: the outputs in input order; a
+    throughput run's ``wall_s`` or a latency run's request ``times_s``; each device's ``busy_s`` where the
+    job counted it, and ``frame_ms`` where it timed each device's part of a frame; the work units'
+    ``timeline`` where it kept one; each device alone (``alone_ips``, ``alone_p50_ms``); ``bound_ips``, a
+    family's own measured bound (the pipeline's slowest stage); ``ran``: the plan the run took where the
+    params left it open (what an exported config names: ``params`` updated with it); ``devices_used``, the
+    devices that computed a part; ``batch`` and ``frames``; the run's ``temperature`` record; and
+    ``report``, the family's plan, tables and baselines as they are reported (``Measurement.extra``)."""
+
+    outputs: np.ndarray
+    wall_s: float | None = None
+    times_s: list[float] | None = None
+    busy_s: dict[str, float] = field(default_factory=dict)
+    frame_ms: dict[str, float] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    alone_ips: dict[str, float] = field(default_factory=dict)
+    alone_p50_ms: dict[str, float] = field(default_factory=dict)
+    bound_ips: float | None = None
+    ran: dict[str, Any] = field(default_factory=dict)
+    devices_used: list[str] = field(default_factory=list)
+    batch: int = 1
+    frames: int = 0
+    temperature: dict[str, Any] = field(default_factory=dict)
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 class EngineJob(ABC):
     """The work of one in-process strategy run."""
 
     @abstractmethod
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         """Runs on an engine whose devices are the job's executors (named as in the pool)."""
 
 
@@ -63,7 +94,7 @@ class EngineActor:
     def __init__(self) -> None:
         self.engines: dict[tuple[ExecutorSpec, ...], Engine] = {}
 
-    def run(self, job: EngineJob, specs: list[ExecutorSpec]) -> dict[str, Any]:
+    def run(self, job: EngineJob, specs: list[ExecutorSpec]) -> EngineResult:
         key = tuple(specs)
         if key not in self.engines:
             for engine in self.engines.values():  # one device set at a time: threads pin cores
@@ -76,7 +107,7 @@ _ACTOR: Any = None
 _ACTOR_NODE: str | None = None  # the driver's node when the actor was made: a new ray.init is a new node
 
 
-def _run_here(job: EngineJob, specs: Sequence[ExecutorSpec], deadline_s: float | None, what: str) -> dict[str, Any]:
+def _run_here(job: EngineJob, specs: Sequence[ExecutorSpec], deadline_s: float | None, what: str) -> EngineResult:
     """In this process; with a deadline, on a thread that is abandoned past it (in-process work cannot
     be cancelled: the thread finishes, then closes its engine; the command's exit does not wait)."""
     import threading
@@ -108,7 +139,7 @@ def _run_here(job: EngineJob, specs: Sequence[ExecutorSpec], deadline_s: float |
 
 
 def run_job(job: EngineJob, specs: Sequence[ExecutorSpec], on_ray: bool, deadline_s: float | None = None,
-            what: str = "the job") -> dict[str, Any]:
+            what: str = "the job") -> EngineResult:
     """Runs the job in this process, or in the engine actor when the pool is on Ray. Past
     ``deadline_s`` it raises RunTimeout; under Ray the engine actor is killed (its job cannot be
     cancelled and would hold the devices) and the next job starts a fresh one."""

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from autohet.core.errors import UserError
+from autohet.core.settings import KEEP_VARIANTS_MIN_AVAILABLE, env
 from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import check_backend
@@ -30,11 +31,6 @@ __all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_av
 
 _PINNED = threading.local()
 
-# An executor keeps the variants it built (a trial that comes back to one pays nothing) while the machine
-# has memory to spare: with less than this share of it available, it drops them before building another.
-# One vgg16 group on the 2-core box (24 GiB) held 10.6 GB after six variants (OpenVINO at batch 64 alone
-# 4.3 GB), and Ray's memory monitor killed the README main job's pool manager (BENCHMARKS 23).
-KEEP_VARIANTS_MIN_AVAILABLE = 0.4
 
 
 def memory_available_share() -> float:
@@ -81,7 +77,7 @@ def bind_team(cores: tuple[int, ...]) -> list[int]:
     and the figures did not move, so it is off unless ``AUTOHET_BIND_TEAMS=1`` (an A/B switch for
     that measurement). The team is made here (one parallel op) and found as the new threads of this
     process with the group's affinity."""
-    if len(cores) < 2 or not hasattr(os, "sched_setaffinity") or os.environ.get("AUTOHET_BIND_TEAMS") != "1":
+    if len(cores) < 2 or not hasattr(os, "sched_setaffinity") or env("AUTOHET_BIND_TEAMS") != "1":
         return []
     group = set(cores)
     before = set(os.listdir("/proc/self/task"))

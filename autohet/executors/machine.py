@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from autohet.core.errors import UserError
+from autohet.core.settings import env
 
 __all__ = ["compile_cache_dir", "cpu_flags", "native_cpu_bf16", "use_compile_cache"]
 
@@ -13,7 +14,7 @@ __all__ = ["compile_cache_dir", "cpu_flags", "native_cpu_bf16", "use_compile_cac
 def compile_cache_dir() -> Path:
     """Where compiled artefacts live (``AUTOHET_COMPILE_CACHE``, default runs/compile_cache), shared by
     every executor, trial and later run on this machine."""
-    return Path(os.environ.get("AUTOHET_COMPILE_CACHE") or Path("runs").resolve() / "compile_cache")
+    return Path(env("AUTOHET_COMPILE_CACHE") or Path("runs").resolve() / "compile_cache")
 
 
 def use_compile_cache() -> Path:
@@ -36,7 +37,7 @@ def cpu_flags() -> set[str]:
             if line.startswith("flags"):
                 flags = set(line.split(":", 1)[1].split())
                 break
-    for item in filter(None, (f.strip() for f in os.environ.get("AUTOHET_CPU_FLAGS", "").split(","))):
+    for item in filter(None, (f.strip() for f in (env("AUTOHET_CPU_FLAGS") or "").split(","))):
         if item[0] not in "+-" or len(item) < 2:
             raise UserError(f"AUTOHET_CPU_FLAGS: {item!r} must be +flag or -flag, e.g. +avx512_bf16,-amx_bf16")
         (flags.add if item[0] == "+" else flags.discard)(item[1:])

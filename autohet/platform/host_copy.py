@@ -15,9 +15,10 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from autohet.core.settings import CHUNK_BYTES
+
 __all__ = ["copy_parts", "copy_rows"]
 
-CHUNK_BYTES = 32 << 20  # below this a chunk is not worth a thread
 _POOL: ThreadPoolExecutor | None = None
 _LOCK = threading.Lock()
 

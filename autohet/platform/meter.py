@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from autohet.core.settings import MIN_ENERGY_SPAN_S
 from autohet.platform.sensors import Sources, failure_reason
 
 __all__ = ["MIN_ENERGY_SPAN_S", "EnergyMeter", "EnergyResult"]
@@ -57,7 +58,6 @@ class EnergyResult:
         return out
 
 
-MIN_ENERGY_SPAN_S = 1.0  # the shortest stretch of a trace whose energy is read as the run's (see result)
 
 
 class EnergyMeter:

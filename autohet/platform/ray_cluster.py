@@ -10,10 +10,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from autohet.core.settings import OBJECT_STORE_BYTES, env
+
 __all__ = ["OBJECT_STORE_BYTES", "dump_stacks_later", "get_interruptibly", "handle_signals", "init_ray", "ray_temp_dir",
            "wait_interruptibly"]
 
-OBJECT_STORE_BYTES = 4 * 1024**3
 
 
 def _raise(signum: int, frame: object) -> None:
@@ -79,7 +80,7 @@ def dump_stacks_later() -> None:
     worker, whose stderr is its ``worker-*.err`` log under the session's logs. For diagnosis only:
     faulthandler reads other threads' frames without the GIL, and on the H100 box a dump taken while
     torch.compile was tracing ended the process with a segmentation fault."""
-    seconds = float(os.environ.get("AUTOHET_STACK_DUMP_S") or 0)
+    seconds = float(env("AUTOHET_STACK_DUMP_S") or 0)
     if seconds > 0:
         import faulthandler
 
@@ -108,7 +109,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, num_gpus: 
         return
     common: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
                                   namespace="autohet")
-    if os.environ.get("AUTOHET_STACK_DUMP_S"):
+    if env("AUTOHET_STACK_DUMP_S"):
         common["runtime_env"] = {"worker_process_setup_hook": "autohet.platform.ray_cluster.dump_stacks_later"}
         dump_stacks_later()
     if address:

@@ -25,13 +25,11 @@ from typing import Any
 import numpy as np
 
 from autohet.core.errors import UserError
+from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, WINDOWS_AHEAD
 from autohet.planners.shares import even_finish_shares
 
 __all__ = ["LaneStats", "Lanes", "slice_parts", "whole_batch_shares"]
 
-SPEED_PIECES = 8  # a lane's speed: its images over its busy seconds in its last pieces
-PIECES_AHEAD = 2  # pieces a lane holds staged or running (a GPU stages by turns into two pinned buffers)
-WINDOWS_AHEAD = 3  # windows split and queued before the first of them is handed back
 
 
 def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndarray]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec
+from autohet.core.settings import ACTOR_START_TIMEOUT_S
 from autohet.core.workload import Workload
 from autohet.executors import ExecutorSpec, runs_ahead
 from autohet.platform.ray_cluster import get_interruptibly, wait_interruptibly
@@ -19,9 +20,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ACTOR_START_TIMEOUT_S", "RayPool"]
 
-# loading a model, its workload and (inductor) compiling takes seconds to minutes; an actor that
-# has not started after this long waits for resources it will not get
-ACTOR_START_TIMEOUT_S = 600.0
 
 
 class RayPool(Pool):

@@ -24,6 +24,7 @@ from typing import Any
 
 from autohet.core.errors import UserError
 from autohet.core.params import validate_params
+from autohet.core.settings import GPU_BOX_GROUP
 from autohet.core.yaml_files import read_yaml_mapping
 from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
 from autohet.executors.kinds import EXECUTOR_KINDS
@@ -31,7 +32,6 @@ from autohet.executors.kinds import EXECUTOR_KINDS
 __all__ = ["GPU_BOX_GROUP", "POOL_DIMS", "POOL_VERSION", "PoolSpec", "detect_executors", "load_pool"]
 
 POOL_VERSION = 1
-GPU_BOX_GROUP = 4  # cores per CPU group that auto makes next to a GPU
 _EXECUTOR_KEYS = {"name", "kind", "cores", "gpu", "node", "speed_ips", "overhead_s", "needs_gpu",
                   "die_after_units"} | set(EXECUTOR_PARAMS)
 _AUTO_KEYS = {"cpu_group_size", "reserve_core_per_gpu", "cpu", "gpu", "max_cpu_groups", "gpu_partitions"}

@@ -23,6 +23,7 @@ from autohet.config import RunConfig, load_config
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec, input_shape
 from autohet.core.objectives import RunMode
+from autohet.core.settings import WINDOW_BYTES
 from autohet.core.workload import PixelScale
 from autohet.runtime._inputs import Batch, ReadAhead, as_batch, join
 
@@ -35,8 +36,6 @@ __all__ = ["Runner", "load"]
 
 log = logging.getLogger("autohet.runtime")
 
-# A stream's calls join batches up to the tuned run's images, but hold at most this many bytes of them.
-WINDOW_BYTES = 1 << 30
 
 
 @dataclass

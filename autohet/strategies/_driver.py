@@ -18,6 +18,7 @@ import numpy as np
 from autohet.context import precision_of
 from autohet.core.errors import RunTimeout, UserError
 from autohet.core.measurement import ExecutorReport, Measurement, WorkUnit
+from autohet.core.settings import RAISE_MARGIN
 from autohet.planners.shares import even_finish_shares, split_by_weights
 from autohet.pool.dispatch import Completion, Dispatcher, Ready
 
@@ -28,9 +29,6 @@ if TYPE_CHECKING:
 __all__ = ["DriveResult", "SchedState", "Scheduler", "drive", "drive_measurement", "even_finish_shares",
            "limit_figures", "split_by_weights"]
 
-# An executor's speed during the run above its standalone figure by more than this is evidence that
-# the standalone figure was measured low (a short or disturbed measurement): the limit uses the run's.
-RAISE_MARGIN = 1.02
 
 
 class Scheduler(Protocol):

@@ -11,7 +11,15 @@ import numpy as np
 
 from autohet.core.measurement import ExecutorReport, Measurement
 from autohet.core.models import ModelSpec, build_model
-from autohet.engine import BatchOneServer, EngineJob, build_engine, device_module, request_example, timed_requests
+from autohet.engine import (
+    BatchOneServer,
+    EngineJob,
+    EngineResult,
+    build_engine,
+    device_module,
+    request_example,
+    timed_requests,
+)
 from autohet.executors.compiled import compile_module
 from autohet.strategies._inprocess import run_on_engine
 from autohet.strategies.registry import BASELINE
@@ -50,11 +58,11 @@ class SingleLatencyJob(EngineJob):
     def __init__(self, model: ModelSpec, images: np.ndarray, spec: ExecutorSpec) -> None:
         self.model, self.images, self.spec = model, images, spec
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         server, compile_s = single_server(engine, self.model, self.spec, self.images[0])
         times, outputs, served = timed_requests(server, list(self.images))
-        return {"times_s": times, "outputs": outputs, "backend": self.spec.backend, "served": served,
-                "compile_s": compile_s}
+        return EngineResult(outputs, times_s=times,
+                            report={"backend": self.spec.backend, "served": served, "compile_s": compile_s})
 
 
 class SingleLatencyServed(Served):
@@ -87,10 +95,10 @@ def latency_on_executor(pool: Pool, ctx: RunContext, executor: int, strategy: st
     spec = pool.spec.executors[executor]
     images = np.ascontiguousarray(ctx.workload.rows(0, min(ctx.latency_runs, ctx.workload.images)))
     out = run_on_engine(pool, SingleLatencyJob(ctx.model, images, spec), [spec], ctx.deadline_s, BASELINE)
-    times = out["times_s"]
+    times = out.times_s or []
     reports = [ExecutorReport(s.name, s.device, len(times) if k == executor else 0,
                               float(sum(times)) if k == executor else 0.0, 0.0, s.simulated)
                for k, s in enumerate(pool.spec.executors)]
-    m = ctx.latency_measurement(pool, strategy, params, times, out["outputs"], reports, spec.precision)
-    m.extra.update(backend=out["backend"], served=out["served"], compile_s=out["compile_s"])
+    m = ctx.latency_measurement(pool, strategy, params, times, out.outputs, reports, spec.precision)
+    m.extra.update(out.report)
     return m

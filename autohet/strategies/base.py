@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from autohet.core.measurement import Measurement
     from autohet.core.models import ModelSpec
     from autohet.core.workload import Workload
-    from autohet.engine import Engine, EngineJob, Program
+    from autohet.engine import Engine, EngineJob, EngineResult, Program
     from autohet.executors import ExecutorSpec
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.served import Served
@@ -145,7 +145,7 @@ class EngineStrategy(Strategy):
     def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> EngineJob:
         """The job that measures the run on an engine over ``specs``' devices."""
 
-    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> dict[str, Any]:
+    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> EngineResult:
         """The job's output: on the pool's devices, cut past the run's deadline (``run_on_engine``)."""
         from autohet.strategies._inprocess import run_on_engine
 
@@ -153,7 +153,7 @@ class EngineStrategy(Strategy):
 
     @abstractmethod
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
-                    out: dict[str, Any]) -> Measurement:
+                    out: EngineResult) -> Measurement:
         """The job's output as the run's Measurement (outputs checked, reports, ``m.extra``)."""
 
     def run(self, pool: Pool, ctx: RunContext, params: dict[str, Any]) -> Measurement:

@@ -24,7 +24,7 @@ from autohet.core.errors import UserError
 from autohet.core.measurement import ExecutorReport
 from autohet.core.objectives import RunMode
 from autohet.core.params import BoolParam, ChoiceParam, IntListParam, IntParam, Param
-from autohet.engine import EngineJob
+from autohet.engine import EngineJob, EngineResult
 from autohet.executors.backends import BLOCK_RUNNERS, PER_BLOCK, backend, block_runners_for
 from autohet.strategies._inprocess import DEVICES, default_devices
 from autohet.strategies.base import EngineStrategy, start_param
@@ -163,7 +163,7 @@ class PlacementJob(EngineJob):
         result = place(problem, lambda a: programs.measure(a, runs=params["runs"]), x=params["x"], start=start)
         return Placed(graph, programs, result.assignment, kinds, on, by_kind, links, result)
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         from autohet.engine.blocks import BlockPrograms
         from autohet.planners import encode
 
@@ -173,25 +173,29 @@ class PlacementJob(EngineJob):
         assert result is not None
         lat, outputs = programs.latencies(result.assignment, self.images)
         baselines = {}
+        one_runner = len(block_runners_for(self.params["backend"])) == 1  # else ``programs`` mixes them
         for device in devices:
             for kind in (k for k in kinds if device in placed.on[k]):  # whole model, each device x measured backend
-                whole = BlockPrograms(engine, graph, kind, self.params["graphs"]) if kind != self.params["backend"] \
-                    else programs
+                whole = programs if one_runner else BlockPrograms(engine, graph, kind, self.params["graphs"])
                 base, _ = whole.latencies(dict.fromkeys(graph.names, device), self.images)
                 baselines[f"{device}/{kind}"] = float(np.median(base)) * 1e3
         greedy = result.start == "greedy"
-        return {"times_s": lat, "outputs": np.concatenate([o.numpy() for o in outputs]),
-                "assignment": result.assignment,
-                "assignment_vector": encode(result.assignment, graph.names, devices), "start": result.start,
-                "start_assignment": result.greedy, "start_vector": encode(result.greedy, graph.names, devices),
-                "start_s": result.greedy_s,
-                "greedy": result.greedy if greedy else None, "greedy_s": result.greedy_s if greedy else None,
-                "placed_modelled_s": result.modelled_s, "rounds": result.rounds, "devices": devices,
-                "baselines_p50_ms": baselines, "blocks": [b.name for b in graph.blocks],
-                "block_backend": {b: programs.backend_of(b, d) for b, d in result.assignment.items()},
-                "block_times_ms": {f"{b}@{d}/{k}": t * 1e3 for k in kinds for (b, d), t in placed.by_kind[k].items()},
-                "links": {f"{a}->{b}": {"latency_us": lat_s * 1e6, "gb_per_s": bw / 1e9}
-                          for (a, b), (lat_s, bw) in placed.links.items()}}
+        start_vector = encode(result.greedy, graph.names, devices)
+        report = {
+            "assignment": result.assignment, "assignment_vector": encode(result.assignment, graph.names, devices),
+            "start": result.start, "start_assignment": result.greedy, "start_vector": start_vector,
+            "start_s": result.greedy_s, "greedy": result.greedy if greedy else None,
+            "greedy_s": result.greedy_s if greedy else None, "placed_modelled_s": result.modelled_s,
+            "rounds": result.rounds, "devices": devices, "baselines_p50_ms": baselines,
+            "blocks": [b.name for b in graph.blocks],
+            "block_backend": {b: programs.backend_of(b, d) for b, d in result.assignment.items()},
+            "block_times_ms": {f"{b}@{d}/{k}": t * 1e3 for k in kinds for (b, d), t in placed.by_kind[k].items()},
+            "links": {f"{a}->{b}": {"latency_us": lat_s * 1e6, "gb_per_s": bw / 1e9}
+                      for (a, b), (lat_s, bw) in placed.links.items()}}
+        # given without a vector: the exported config names the vector that ran
+        given = self.params.get("start") == "given" and self.params.get("assignment") is None
+        return EngineResult(np.concatenate([o.numpy() for o in outputs]), times_s=lat, alone_p50_ms=baselines,
+                            ran={"assignment": start_vector} if given else {}, report=report)
 
 
 class PlacementStrategy(EngineStrategy):
@@ -249,13 +253,11 @@ class PlacementStrategy(EngineStrategy):
         return PlacementJob(ctx.model, images, [s.name for s in specs], params)
 
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
-                    out: dict[str, Any]) -> Measurement:
-        times = out.pop("times_s")
-        outputs = out.pop("outputs")
-        if params.get("start") == "given" and params.get("assignment") is None:
-            params = {**params, "assignment": out["start_vector"]}  # the exported config names the vector run
+                    out: EngineResult) -> Measurement:
+        times = out.times_s or []
+        params = {**params, **out.ran}
         report = [ExecutorReport("placed", "+".join(s.device for s in specs), len(times), float(sum(times)), 0.0)]
-        m = ctx.latency_measurement(pool, self.name, params, times, outputs, report,
+        m = ctx.latency_measurement(pool, self.name, params, times, out.outputs, report,
                                     tolerance_for([s.precision for s in specs]))
-        m.extra.update(out)
+        m.extra.update(out.report)
         return m

@@ -9,10 +9,10 @@ workers included, so a plug-in strategy runs wherever the tuner sends it.
 from __future__ import annotations
 
 import importlib
-import os
 from importlib import metadata
 
 from autohet.core.errors import unknown_name
+from autohet.core.settings import env
 from autohet.strategies.base import Strategy
 
 __all__ = ["BASELINE", "STRATEGIES", "get_strategy", "is_baseline", "register_strategy", "strategy_names"]
@@ -48,7 +48,7 @@ def _load_plugins() -> None:
     _plugins_loaded = True
     for entry in metadata.entry_points(group="autohet.strategies"):
         STRATEGIES.setdefault(entry.name, entry.value)
-    for module in filter(None, (m.strip() for m in os.environ.get("AUTOHET_PLUGINS", "").split(","))):
+    for module in filter(None, (m.strip() for m in (env("AUTOHET_PLUGINS") or "").split(","))):
         importlib.import_module(module)
 
 

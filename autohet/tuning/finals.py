@@ -28,14 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autohet.core.objectives import Objective
+from autohet.core.settings import FINAL_MOST_SCALE, FINAL_SHARE
 
 __all__ = ["FINAL_MOST_SCALE", "FINAL_SHARE", "Finalist", "final_choice", "final_scale", "finalists_of",
            "finals_table", "log_finals", "pick_finalists", "run_finals", "trial_runner"]
 
-# The share of the trial budget kept for the finals; they also get whatever the search left unused.
-FINAL_SHARE = 0.1
-# A final run measures at most this many times its trial's images, in at most half the time left.
-FINAL_MOST_SCALE = 4.0
 _FINAL_FILL = 0.5
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from autohet.core.objectives import Objective, RunMode
+from autohet.core.settings import CLOSE_TO_BEST, PROBES_MOST
 from autohet.executors.backends import EXECUTOR_BACKENDS, backend
 from autohet.pool import PoolSpec
 from autohet.pool.spec import GPU_BOX_GROUP
@@ -55,15 +56,6 @@ CPU_VARIANTS: tuple[CpuVariant, ...] = (
 )
 
 
-# The split probes: a CPU variant whose single on the whole group came within CLOSE_TO_BEST of the
-# best is run once more over the smaller groups the strategies split over, the best PROBES_MOST of them.
-# Two: each probe over new groups builds anew (vgg16's NNPACK layers timed on 1-core groups: 84 s).
-# A 2-core single could not tell vgg16's `onnxruntime_nnpack` from `onnxruntime` (4.810 against 4.829,
-# 4.856 against 5.109 in two README-job tunes; the box's trials move by 10-20%), but over two 1-core
-# groups, where the strategies run, it ran 6.11-6.53 img/s against 5.00-5.27 (`autohet run` fifo, by
-# turns, BENCHMARKS 30); carried from a 2-core single that lost by noise, the strategies ran the slower one.
-CLOSE_TO_BEST = 0.85
-PROBES_MOST = 2
 # fifo hands each group its next batch as it frees (one batch a unit on CPU-only pools): its figure is
 # the groups' own speeds summed, less at most one batch of tail, with no probing rounds of its own
 _PROBE_STRATEGY = "fifo"

@@ -18,17 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 from autohet.core.models import ModelSpec
+from autohet.core.settings import RELEASE_IDLE_BELOW
 from autohet.core.workload import Workload, WorkloadSpec
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
 
 __all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
 
-# A new topology starting with less than this share of the machine's memory available first has the idle
-# topologies' CPU executors drop their programs (``Executor.release``; converted models stay cached on
-# disk, so a return rebuilds in seconds). On the 2-core box (24 GiB) one vgg16 group held 6.7 GB at
-# ONNX Runtime with NNPACK's layers at batch 64, and a topology of two such groups needs twice that.
-RELEASE_IDLE_BELOW = 0.75
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:

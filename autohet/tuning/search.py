@@ -21,6 +21,7 @@ from typing import Any
 from ray.tune.search.optuna import OptunaSearch
 
 from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.core.settings import ACQUIRE_SHARE_CAP
 from autohet.executors import executor_kind
 from autohet.pool import PoolSpec
 from autohet.strategies import is_baseline
@@ -28,15 +29,6 @@ from autohet.tuning.initial import CLOSE_TO_BEST, PROBES_MOST, Known, Stage, spl
 
 __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 
-# Acquiring executors (a topology's new actors started, models built and compiled) is held to this share
-# of a tune's wall time. A default resnet18 tune on the H100 box spent 131 s of its 168 s of acquiring in
-# its last six trials, each sampled onto a new CPU group size or GPU partitioning (14-31 s apiece), none
-# of them near its best (BENCHMARKS 23); with the pool dims kept, its trials 25-29 still spent 43 s of
-# its 97 s compiling executor settings sampled anew (GPU tf32, bf16, batch 64), none near its best
-# (BENCHMARKS 25). Checked after the fact only, the cap let trial 29 of a later such tune (at 13%)
-# start GPU partitions at tf32 (46 s), and trial 30 rebuild the best topology those had replaced (27 s):
-# 27% (BENCHMARKS 26); hence the look ahead.
-ACQUIRE_SHARE_CAP = 0.15
 
 
 class StagedSearch(OptunaSearch):

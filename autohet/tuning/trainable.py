@@ -26,6 +26,7 @@ from autohet.core.errors import RunTimeout, UserError
 from autohet.core.measurement import Measurement
 from autohet.core.models import ModelSpec
 from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_DRAIN_S, CUT_FLOOR_S, ENGINE_HEADROOM, MAX_OUTPUT_BYTES
 from autohet.core.workload import Workload
 from autohet.platform.thermal import too_hot, wait_cool
 from autohet.pool import PoolSpec
@@ -37,15 +38,6 @@ __all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM
            "TrialSizing", "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics",
            "trial_status", "tune_entry"]
 
-# The cut never comes before this many seconds: a run's fixed costs are not worth a cut.
-CUT_FLOOR_S = 5.0
-# A cut trial's executors get this long to finish the parts already sent to them; those that do are
-# kept (a fresh actor costs seconds of start, model build and warm-up: on the H200 box 5 of 11 trials of
-# a resnet18 tune were cut and acquiring took 32% of its wall time, BENCHMARKS 18). Longer than a CPU
-# group's two parts in flight at the speeds the first points choose; shorter than a GPU actor's restart.
-CUT_DRAIN_S = 4.0
-# A throughput trial's outputs (images x classes float32) stay within this: 268k images of resnet18.
-MAX_OUTPUT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -346,12 +338,6 @@ def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any,
                         f"measured {speed:.4g} img/s, more than the trial deadline of {deadline_s:.0f} s")
 
 
-# How far an engine family may beat the summed standalone figures of its devices before the bound is
-# wrong. With a GPU among them: a pipeline on the H100 box ran 1.43x the whole model on its best device
-# (mobilenet_v2, BENCHMARKS 13b; the stages' split relieved a host-bound GPU). CPU groups alone split
-# the same arithmetic over the same cores: their sum is the bound, the margin only the measurement's.
-ENGINE_HEADROOM = 1.5
-CPU_ENGINE_HEADROOM = 1.1
 
 
 def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,

@@ -24,6 +24,7 @@ import yaml
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec
 from autohet.core.objectives import ObjectiveSet
+from autohet.core.settings import MANAGER_ANSWER_S
 from autohet.core.workload import Workload
 from autohet.platform.ray_cluster import get_interruptibly
 from autohet.pool import PoolSpec
@@ -518,10 +519,6 @@ def _stop_manager(manager: Any, answered: bool) -> None:
         logging.getLogger(__name__).debug("manager already stopped")
 
 
-# how long the end of a tune waits for the manager: a trial stopped by the time budget may have left
-# it inside an executor set-up that cannot be interrupted (on the 2-core box a vgg16 CPU executor
-# compiling with inductor at batch 256 held the end of the README's main job 97 s past its budget)
-MANAGER_ANSWER_S = 10.0
 
 
 def answer_or_none(ref: Any, timeout_s: float) -> Any:

@@ -27,6 +27,7 @@ import torch
 from autohet.block_runners._base import parse_device, parse_dtype
 from autohet.block_runners.tvm._toolchain import _first_line, ensure_cuda
 from autohet.core.errors import UserError
+from autohet.core.settings import env
 from autohet.partition import Block
 from autohet.platform.fingerprint import usable_cores
 
@@ -40,7 +41,7 @@ _RECIPE = "r2"
 
 def tvm_root() -> Path:
     """Where tuning databases and compiled libraries live (AUTOHET_TVM_DIR, default runs/tvm)."""
-    return Path(os.environ.get("AUTOHET_TVM_DIR", "runs/tvm"))
+    return Path(env("AUTOHET_TVM_DIR") or "runs/tvm")
 
 
 def tvm_target(device: str) -> tuple[dict[str, Any], str]:

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from autohet.core.errors import UserError
+from autohet.core.settings import env
 
 __all__ = ["cuda_child_env", "cuda_worker_init", "ensure_cuda"]
 
@@ -289,7 +290,7 @@ def _ensure_cuda_compiler(target: dict[str, Any]) -> str:
     # 1. TVM's own callback as configured: NVRTC via cuda-bindings plus a toolkit's headers (found from
     #    CUDA_PATH or nvcc's folder), or nvcc with TVM_CUDA_COMPILE_MODE=nvcc. 2. libnvrtc alone, called
     #    by us (pip's nvidia-cuda-nvrtc, which torch installs, is enough). 3. nvcc through TVM's callback.
-    own = os.environ.get("AUTOHET_NVRTC_LIB")
+    own = env("AUTOHET_NVRTC_LIB")
     nvrtc_libs = [own] if own else _find_lib("libnvrtc")
     nvcc = _nvcc_dir()
     candidates = ["tvm", *(f"nvrtc:{p}" for p in nvrtc_libs), *([f"nvcc:{nvcc}"] if nvcc else [])]

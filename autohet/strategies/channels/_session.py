@@ -15,7 +15,7 @@ from autohet.core.objectives import RunMode
 if TYPE_CHECKING:
     from autohet.core.models import ModelSpec
     from autohet.core.workload import Workload
-    from autohet.engine import Engine
+    from autohet.engine import Engine, EngineResult
     from autohet.planners.pairing import PairingPlan
 
 __all__ = ["ChannelsSession"]
@@ -98,19 +98,22 @@ class ChannelsSession:
         except ValueError as exc:
             raise UserError(f"channels: {exc}") from None
 
-    def measure(self, plan: PairingPlan) -> dict[str, Any]:
+    def measure(self, plan: PairingPlan) -> EngineResult:
         """The plan's program run the way the mode is measured: batch-1 requests, or every workload
-        image in frames of ``batch`` (outputs kept for the check)."""
-        from autohet.engine import request_latencies, stream_frames
+        image in frames of ``batch`` (outputs kept for the check; each device's busy seconds from a few
+        timed frames, scaled); each device alone (``baselines``)."""
+        from autohet.engine import EngineResult, request_latencies, stream_frames
 
         program = self.programs.program(plan.units, self.devices, self.rest)
+        alone = {"alone_p50_ms" if self.mode.per_request else "alone_ips": dict(self.baselines)}
         if self.mode.per_request:
             times, outputs = request_latencies(self.engine, program, self._requests())
-            return {"times_s": times, "outputs": outputs}
+            return EngineResult(outputs, times_s=times, **alone)
         batch = self.params["batch"]
         wall, outputs = stream_frames(self.engine, program, self.workload.rows, self.workload.images, batch,
                                       self.params["depth"])
-        return {"wall_s": wall, "outputs": outputs, "busy_s": self._busy(program, -(-self.workload.images // batch))}
+        return EngineResult(outputs, wall_s=wall, busy_s=self._busy(program, -(-self.workload.images // batch)),
+                            **alone)
 
     def _busy(self, program: Any, frames: int, samples: int = 3) -> dict[str, float]:
         """Seconds each device works over ``frames`` frames: its steps' times (transfers it issues

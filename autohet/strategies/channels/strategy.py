@@ -24,7 +24,7 @@ from autohet.core.errors import UserError
 from autohet.core.measurement import ExecutorReport
 from autohet.core.objectives import RunMode
 from autohet.core.params import BoolParam, FloatListParam, IntListParam, IntParam, Param
-from autohet.engine import EngineJob
+from autohet.engine import EngineJob, EngineResult
 from autohet.strategies._inprocess import DEVICES
 from autohet.strategies.base import EngineStrategy, start_param
 
@@ -74,10 +74,13 @@ class ChannelsJob(EngineJob):
             pairing = [0] * len(session.names)  # given without a vector: OCP everywhere
         return session, session.plan(pairing, params["shares"], params["unsplit"])
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         session, plan = self.planned(engine)
         out = session.measure(plan)
-        return {**out, "start": self.params["start"], **session.report(plan, self.params["compare"])}
+        out.report = {"start": self.params["start"], **session.report(plan, self.params["compare"])}
+        if self.params["start"] == "given" and self.params["pairing"] is None:
+            out.ran = {"pairing": plan.pairing}  # the exported config names the vector that ran
+        return out
 
 
 class ChannelsStrategy(EngineStrategy):
@@ -150,20 +153,19 @@ class ChannelsStrategy(EngineStrategy):
                            ctx.standalone_seconds)
 
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
-                    out: dict[str, Any]) -> Measurement:
-        outputs = out.pop("outputs")
-        if params["start"] == "given" and params["pairing"] is None:
-            params = {**params, "pairing": out["pairing"]}  # the exported config names the vector run
+                    out: EngineResult) -> Measurement:
+        params = {**params, **out.ran}
         precision = tolerance_for([s.precision for s in specs])
-        if ctx.mode.per_request:
-            times = out.pop("times_s")
+        if out.times_s is not None:
+            times = out.times_s
             report = [ExecutorReport("channels", "+".join(s.device for s in specs), len(times), float(sum(times)))]
-            m = ctx.latency_measurement(pool, self.name, params, times, outputs, report, precision)
+            m = ctx.latency_measurement(pool, self.name, params, times, out.outputs, report, precision)
         else:
-            wall, busy = out.pop("wall_s"), out.pop("busy_s")
-            ips = out["baselines_ips"]
+            assert out.wall_s is not None
+            ips, busy = out.alone_ips, out.busy_s
             report = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], ips[s.name],
                                      busy_estimated=True) for s in specs]  # a few timed frames, scaled
-            m = ctx.stream_measurement(pool, self.name, params, wall, outputs, sum(ips.values()), report, precision)
-        m.extra.update(out)
+            m = ctx.stream_measurement(pool, self.name, params, out.wall_s, out.outputs, sum(ips.values()), report,
+                                       precision)
+        m.extra.update(out.report)
         return m

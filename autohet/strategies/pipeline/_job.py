@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.engine import EngineJob
+from autohet.engine import EngineJob, EngineResult
 from autohet.planners.stages import (
     StagePlan,
     StageProblem,
@@ -43,7 +43,8 @@ if TYPE_CHECKING:
     from autohet.partition import BlockGraph
     from autohet.planners import TransferFn
 
-__all__ = ["PipelineJob", "Staged", "StepSpans", "measure_stage", "report", "stage_programs", "steady_frame_seconds"]
+__all__ = ["PipelineJob", "Staged", "StepSpans", "measure_stage", "pipeline_result", "stage_programs",
+           "steady_frame_seconds"]
 
 
 class StepSpans:
@@ -122,14 +123,15 @@ class PipelineJob(EngineJob):
     def __init__(self, model: ModelSpec, workload: Workload, devices: list[str], params: dict[str, Any]) -> None:
         self.model, self.workload, self.devices, self.params = model, workload, devices, params
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         """Every measurement reads pinned host frames where a GPU is in the engine (``pinned_host``), so
         the stages alone and the pipelined run move frames the same way."""
         from autohet.engine import pinned_host
 
         with pinned_host(self.workload.bank) as pinned:
             out = self._run(engine, pinned)
-        return {**out, "pinned_frames": pinned}
+        out.report["pinned_frames"] = pinned
+        return out
 
     def stages(self, engine: Engine) -> Staged:
         """The stages on the engine's devices: given, or planned from block and link times measured
@@ -154,7 +156,7 @@ class PipelineJob(EngineJob):
             plan = plan_stages(problem)
         return Staged(graph, programs, plan, programs.program(plan.assignment(names)), times, links)
 
-    def _run(self, engine: Engine, pinned: bool) -> dict[str, Any]:
+    def _run(self, engine: Engine, pinned: bool) -> EngineResult:
         from autohet.engine import stream_frames
 
         params, batch = self.params, self.params["batch"]
@@ -175,13 +177,13 @@ class PipelineJob(EngineJob):
                                           batch, depth, warmup=2, pinned=pinned)
         timeline = recorder.units(self.workload.images, batch, warmup=2)
         singles = self._baselines(engine, pinned)
-        return {"wall_s": wall, "outputs": outputs, "timeline": timeline, "gc": collections.to_dict(),
-                **report(plan, names, batch, depth, self.workload.images, measured, dict(loads), singles),
-                "runtime": "engine", "start": params["start"],
-                "modelled_bound_ips": plan.throughput(batch) if params["start"] != "given" else None,
-                "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()},
-                "links": {f"{a}->{b}": {"latency_us": lat * 1e6, "gb_per_s": bw / 1e9}
-                          for (a, b), (lat, bw) in links.items()}}
+        out = pipeline_result(outputs, wall, params, plan, names, self.workload.images, measured, dict(loads), singles)
+        out.timeline = timeline
+        out.report.update({"gc": collections.to_dict(), "runtime": "engine",
+                           "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()},
+                           "links": {f"{a}->{b}": {"latency_us": lat * 1e6, "gb_per_s": bw / 1e9}
+                                     for (a, b), (lat, bw) in links.items()}})
+        return out
 
     def _baselines(self, engine: Engine, pinned: bool) -> dict[str, float]:
         """The whole model on each device, frames of the same micro-batch (a CUDA graph on a GPU)."""
@@ -202,17 +204,28 @@ class PipelineJob(EngineJob):
         return out
 
 
-def report(plan: StagePlan, names: list[str], batch: int, depth: int, images: int,
-           measured: dict[int, dict[str, float]], loads: dict[str, float], singles: dict[str, float]
-           ) -> dict[str, Any]:
-    """What both runtimes report: the plan, each stage's figures, the bound, the baselines."""
+def pipeline_result(outputs: np.ndarray, wall_s: float, params: dict[str, Any], plan: StagePlan, names: list[str],
+                    images: int, measured: dict[int, dict[str, float]], loads: dict[str, float],
+                    singles: dict[str, float]) -> EngineResult:
+    """What both runtimes return: the outputs and wall seconds; each device's frame time and each device
+    alone; the bound (the slowest device's frames); the depth and, where the params left them open, the
+    cut and stage devices the run took; the plan and each stage's figures as reported."""
+    from autohet.engine import EngineResult
+
+    batch = params["batch"]
+    depth = params["depth"] or default_depth(len(plan.stages))
     bottleneck = max(loads, key=lambda d: loads[d])
     best = max(singles, key=lambda d: singles[d])
-    return {"batch": batch, "depth": depth, "frames": -(-images // batch), "cuts": plan.cuts, "order": plan.order,
-            "stages": stage_rows(plan, names, batch, measured), "blocks": list(names),
-            "device_frame_ms": {d: t * 1e3 for d, t in loads.items()},
-            "bound_ips": batch / loads[bottleneck], "bottleneck_device": bottleneck,
-            "single_ips": singles, "best_single": {"device": best, "ips": singles[best]}}
+    ran = {"depth": depth} | ({"cuts": plan.cuts, "stages": plan.order} if params["start"] == "given" else {})
+    report = {"batch": batch, "depth": depth, "frames": -(-images // batch), "cuts": plan.cuts, "order": plan.order,
+              "stages": stage_rows(plan, names, batch, measured), "blocks": list(names),
+              "device_frame_ms": {d: t * 1e3 for d, t in loads.items()},
+              "bound_ips": batch / loads[bottleneck], "bottleneck_device": bottleneck,
+              "single_ips": singles, "best_single": {"device": best, "ips": singles[best]}, "start": params["start"],
+              "modelled_bound_ips": plan.throughput(batch) if params["start"] != "given" else None}
+    return EngineResult(outputs, wall_s=wall_s, frame_ms=dict(report["device_frame_ms"]), alone_ips=singles,
+                        bound_ips=batch / loads[bottleneck], ran=ran, devices_used=[s.device for s in plan.stages],
+                        batch=batch, frames=-(-images // batch), report=report)
 
 
 def _issuer(engine: Engine, src: str, dst: str) -> str:

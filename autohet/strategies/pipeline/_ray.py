@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from autohet.core.errors import UserError
-from autohet.engine import fit_link
+from autohet.engine import EngineResult, fit_link
 from autohet.planners.stages import StageProblem, boundary_bytes, boundary_values, plan_stages
 from autohet.platform.gc_control import settle
 from autohet.strategies.pipeline._plan import (
@@ -221,12 +221,12 @@ def _stream(stages: list[Any], workload: Workload, images: int, batch: int, dept
 
 
 def run_on_nodes(specs: list[ExecutorSpec], model: ModelSpec, workload: Workload, params: dict[str, Any]
-                 ) -> dict[str, Any]:
-    """The pipeline with one Ray actor per chosen executor on its node; the result has the keys the
-    engine job returns, plus each actor's node."""
+                 ) -> EngineResult:
+    """The pipeline with one Ray actor per chosen executor on its node: the engine job's result, with each
+    actor's node in its report."""
     import ray
 
-    from autohet.strategies.pipeline._job import report
+    from autohet.strategies.pipeline._job import pipeline_result
 
     batch, devices = params["batch"], [s.name for s in specs]
     graph = model_graph(model, batch)
@@ -266,13 +266,12 @@ def run_on_nodes(specs: list[ExecutorSpec], model: ModelSpec, workload: Workload
         ray.get([a.stage_compute.remote() for a in chain])
         shared = ray.put(workload)
         singles = {d: ray.get(a.whole_model_ips.remote(shared)) for d, a in actors.items()}
-        return {"wall_s": wall, "outputs": outputs,
-                **report(plan, names, batch, depth, workload.images, figures, loads, singles),
-                "runtime": "ray-actors", "start": params["start"], "nodes": nodes,
-                "modelled_bound_ips": plan.throughput(batch) if params["start"] != "given" else None,
-                "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()},
-                "links": {f"{a}->{b}": {"latency_us": lat * 1e6, "gb_per_s": bw / 1e9}
-                          for (a, b), (lat, bw) in hops.items()}}
+        out = pipeline_result(outputs, wall, params, plan, names, workload.images, figures, loads, singles)
+        out.report.update({"runtime": "ray-actors", "nodes": nodes,
+                           "block_times_ms": {f"{b}@{d}": t * 1e3 for (b, d), t in times.items()},
+                           "links": {f"{a}->{b}": {"latency_us": lat * 1e6, "gb_per_s": bw / 1e9}
+                                     for (a, b), (lat, bw) in hops.items()}})
+        return out
     finally:
         for actor in actors.values():
             ray.kill(actor)

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from autohet.core.measurement import Measurement
     from autohet.core.models import ModelSpec
     from autohet.core.workload import Workload
-    from autohet.engine import Engine, EngineJob
+    from autohet.engine import Engine, EngineJob, EngineResult
     from autohet.executors import ExecutorSpec
     from autohet.pool import Pool, PoolSpec
     from autohet.strategies.base import ServedBuild
@@ -122,7 +122,7 @@ class PipelineStrategy(EngineStrategy):
 
         return PipelineJob(ctx.model, ctx.workload, [s.name for s in specs], params)
 
-    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> dict[str, Any]:
+    def execute(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], job: EngineJob) -> EngineResult:
         """On the engine, or one Ray actor per stage when the executors span Ray nodes."""
         if pool.on_ray and spans_nodes(specs):
             from autohet.strategies.pipeline._ray import run_on_nodes
@@ -131,29 +131,27 @@ class PipelineStrategy(EngineStrategy):
         return super().execute(pool, ctx, specs, job)
 
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
-                    out: dict[str, Any]) -> Measurement:
-        wall, outputs = out.pop("wall_s"), out.pop("outputs")
-        timeline = [WorkUnit(**unit) for unit in out.pop("timeline", [])]
-        used = {row["device"] for row in out["stages"]}
-        params = {**params, "depth": out["depth"]}
-        if params["start"] == "given":
-            params = {**params, "cuts": out["cuts"], "stages": out["order"]}  # the exported config names what ran
-        frame_ms = out["device_frame_ms"]
+                    out: EngineResult) -> Measurement:
+        assert out.wall_s is not None and out.bound_ips is not None
+        wall, timeline = out.wall_s, [WorkUnit(**unit) for unit in out.timeline]
+        used = set(out.devices_used)
+        params = {**params, **out.ran}  # the depth, and a given run's cut: what the exported config names
+        frame_ms = out.frame_ms
         # summed from the frames' timeline where one came back; on Ray nodes, estimated from each stage's frame time
         busy = {s.name: sum(u.compute_s for u in timeline if u.executor == s.name) if timeline else
-                frame_ms.get(s.name, 0.0) / 1e3 * out["frames"] for s in specs}
+                frame_ms.get(s.name, 0.0) / 1e3 * out.frames for s in specs}
         reports = [ExecutorReport(s.name, s.device, ctx.workload.images if s.name in used else 0, busy[s.name],
-                                  out["batch"] / (frame_ms[s.name] / 1e3) if frame_ms.get(s.name) else 0.0,
+                                  out.batch / (frame_ms[s.name] / 1e3) if frame_ms.get(s.name) else 0.0,
                                   busy_estimated=not timeline)
                    for s in specs]
         precision = tolerance_for([s.precision for s in specs if s.name in used])
-        bound = out["bound_ips"]
+        bound = out.bound_ips
         run_ips = ctx.workload.images / wall if wall > 0 else 0.0
         if run_ips > bound * RAISE_MARGIN:  # no pipeline beats its slowest stage: that stage was measured low
-            out["limit_raised"] = {"stage_bound_ips": bound, "run_ips": run_ips}
+            out.report["limit_raised"] = {"stage_bound_ips": bound, "run_ips": run_ips}
             bound = run_ips
-        m = ctx.stream_measurement(pool, self.name, params, wall, outputs, bound, reports, precision)
+        m = ctx.stream_measurement(pool, self.name, params, wall, out.outputs, bound, reports, precision)
         m.timeline = timeline
-        m.extra.update(out)
-        m.extra["speedup_vs_best_single"] = m.throughput_ips / out["best_single"]["ips"]
+        m.extra.update(out.report)
+        m.extra["speedup_vs_best_single"] = m.throughput_ips / max(out.alone_ips.values())
         return m

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from autohet.core.measurement import Measurement
     from autohet.core.models import ModelSpec
     from autohet.core.workload import Workload
-    from autohet.engine import Engine, Program
+    from autohet.engine import Engine, EngineResult, Program
     from autohet.executors import ExecutorSpec
     from autohet.pool import Pool
     from autohet.strategies.base import ServedBuild
@@ -89,16 +89,16 @@ class SpatialJob(EngineJob):
         x = torch.from_numpy(np.ascontiguousarray(self._rows(0, count)))
         return x.repeat(-(-self.batch // count), 1, 1, 1)[:self.batch]
 
-    def _run_program(self, engine: Engine, program: Program, images: int | None = None) -> dict[str, Any]:
+    def _run_program(self, engine: Engine, program: Program, images: int | None = None) -> EngineResult:
         """The program measured the run's way: batch-1 requests, or ``images`` in frames of ``batch``."""
-        from autohet.engine import request_latencies, stream_frames
+        from autohet.engine import EngineResult, request_latencies, stream_frames
 
         if self.mode.per_request:
             times, outputs = request_latencies(engine, program, self._rows(0, self._count()))
-            return {"times_s": times, "outputs": outputs}
+            return EngineResult(outputs, times_s=times, batch=1, frames=len(times))
         n = images or self._count()
         wall, outputs = stream_frames(engine, program, self._rows, n, self.batch)
-        return {"wall_s": wall, "outputs": outputs, "images": n}
+        return EngineResult(outputs, wall_s=wall, batch=self.batch, frames=-(-n // self.batch))
 
     def _baselines(self, engine: Engine, module: Any, example: Any) -> dict[str, dict[str, float]]:
         """The whole model alone on each device: the run's requests (latency), or frames for at least
@@ -110,12 +110,12 @@ class SpatialJob(EngineJob):
             program = whole_model_program(engine, module, device, example, self.params["graphs"])
             if self.mode.per_request:
                 got = self._run_program(engine, program)
-                out[device] = {"p50_ms": float(np.median(got["times_s"])) * 1e3}
+                out[device] = {"p50_ms": float(np.median(got.times_s or [])) * 1e3}
                 continue
             probe = self._run_program(engine, program, 4 * self.batch)
-            frames = probe["images"] / probe["wall_s"] * self.seconds / self.batch
+            frames = len(probe.outputs) / (probe.wall_s or 1.0) * self.seconds / self.batch
             got = self._run_program(engine, program, self.batch * int(min(max(frames, 4), 10_000)))
-            out[device] = {"ips": got["images"] / got["wall_s"]}
+            out[device] = {"ips": len(got.outputs) / (got.wall_s or 1.0)}
         return out
 
     @staticmethod
@@ -167,7 +167,7 @@ class SpatialJob(EngineJob):
         shares, planning = self.plan(engine, graph, programs, baselines)
         return Spatial(graph, example, programs.program(shares, self.how), rest, planning, measured)
 
-    def run(self, engine: Engine) -> dict[str, Any]:
+    def run(self, engine: Engine) -> EngineResult:
         from autohet.platform.sensors import default_sources
         from autohet.platform.thermal import TemperatureWatch
 
@@ -181,15 +181,17 @@ class SpatialJob(EngineJob):
         busy: dict[str, float] = defaultdict(float)
         for t in timings:
             busy[t.device] += t.seconds
-        frames = len(got["times_s"]) if self.mode.per_request else -(-self._count() // self.batch)
         if not graph.chains:
             planning["note"] = (f"no chain of spatially-local layers in the {graph.tracer}-traced model: it ran "
                                 f"whole on {rest}")
-        return {**got, **planning, "devices": self.devices, "rest": rest, "batch": self.batch,
-                "baselines": baselines, "temperature": watch.report(), "tracer": graph.tracer,
-                "busy_s": {d: busy.get(d, 0.0) * frames for d in self.devices},
-                "chains": len(graph.chains), "stages": [s.kind for s in graph.stages],
-                "chain_windows": [c.windows for c in graph.chains]}
+        got.busy_s = {d: busy.get(d, 0.0) * got.frames for d in self.devices}  # one timed frame, scaled
+        got.temperature = watch.report()
+        got.alone_ips = {d: b["ips"] for d, b in baselines.items() if "ips" in b}
+        got.alone_p50_ms = {d: b["p50_ms"] for d, b in baselines.items() if "p50_ms" in b}
+        got.report = {**planning, "devices": self.devices, "rest": rest, "batch": self.batch, "baselines": baselines,
+                      "temperature": got.temperature, "tracer": graph.tracer, "chains": len(graph.chains),
+                      "stages": [s.kind for s in graph.stages], "chain_windows": [c.windows for c in graph.chains]}
+        return got
 
 
 @dataclass
@@ -250,46 +252,44 @@ class SpatialStrategy(EngineStrategy):
         """``rest`` and the shares the run used (split: per chain, with ``start: given``)."""
         if extra.get("rest") not in (extra.get("devices") or []):
             return {}
-        out: dict[str, Any] = {"rest": extra["devices"].index(extra["rest"])}
+        plan: dict[str, Any] = {"rest": extra["devices"].index(extra["rest"])}
         ratios = [float(v) for r in extra.get("ratios") or [] for v in (r if isinstance(r, list) else [r])]
         if ratios:
-            out["ratios"] = ratios
+            plan["ratios"] = ratios
             if "start" in self.params:
-                out["start"] = "given"
-        return out
+                plan["start"] = "given"
+        return plan
 
     def make_job(self, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any]) -> SpatialJob:
         return self._job(specs, ctx.model, ctx.mode, ctx.workload, min(ctx.latency_runs, ctx.workload.images), params,
                          ctx.standalone_seconds)
 
     def measurement(self, pool: Pool, ctx: RunContext, specs: list[ExecutorSpec], params: dict[str, Any],
-                    out: dict[str, Any]) -> Measurement:
+                    out: EngineResult) -> Measurement:
         from autohet.platform.thermal import temperature_violation as violation
 
-        outputs = out.pop("outputs")
-        busy = out.pop("busy_s")
+        busy = out.busy_s
         precision = tolerance_for([s.precision for s in specs])
-        base = out["baselines"]
-        if ctx.mode.per_request:
-            times = out.pop("times_s")
-            reports = [ExecutorReport(s.name, s.device, len(times), busy[s.name], 0.0, busy_estimated=True)
+        if out.times_s is not None:
+            reports = [ExecutorReport(s.name, s.device, len(out.times_s), busy[s.name], 0.0, busy_estimated=True)
                        for s in specs]  # busy: one timed frame, scaled (SpatialJob.run)
-            m = ctx.latency_measurement(pool, self.name, params, times, outputs, reports, precision)
+            m = ctx.latency_measurement(pool, self.name, params, out.times_s, out.outputs, reports, precision)
+            best = min(out.alone_p50_ms, key=lambda d: out.alone_p50_ms[d])
+            best_single = {"device": best, "p50_ms": out.alone_p50_ms[best]}
         else:
-            wall = out.pop("wall_s")
-            out.pop("images", None)
-            limit = sum(b["ips"] for b in base.values())
-            reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], base[s.name]["ips"],
+            assert out.wall_s is not None
+            reports = [ExecutorReport(s.name, s.device, ctx.workload.images, busy[s.name], out.alone_ips[s.name],
                                       busy_estimated=True) for s in specs]
-            m = ctx.stream_measurement(pool, self.name, params, wall, outputs, limit, reports, precision)
-        key = ctx.mode.pick("p50_ms", "ips")
-        best = min(base, key=lambda d: base[d][key] if key == "p50_ms" else -base[d][key])
-        out["best_single"] = {"device": best, key: base[best][key]}
-        m.extra.update(out)
+            m = ctx.stream_measurement(pool, self.name, params, out.wall_s, out.outputs, sum(out.alone_ips.values()),
+                                       reports, precision)
+            best = max(out.alone_ips, key=lambda d: out.alone_ips[d])
+            best_single = {"device": best, "ips": out.alone_ips[best]}
+        m.extra.update(out.report)
+        m.extra["best_single"] = best_single
         max_temp = params.get("max_temp")
-        m.extra["temperature"] = {"devices": out["temperature"], "max_temp_c": max_temp,
-                                  "checked": [d for d, r in out["temperature"].items() if "max_c" in r]}
-        broke = violation(out["temperature"], max_temp)
+        m.extra["temperature"] = {"devices": out.temperature, "max_temp_c": max_temp,
+                                  "checked": [d for d, r in out.temperature.items() if "max_c" in r]}
+        broke = violation(out.temperature, max_temp)
         if broke:
             m.extra["violation"] = broke
         return m

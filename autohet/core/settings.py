@@ -1,0 +1,138 @@
+"""Every knob of autohet and every environment variable it reads, with its default and what it is for.
+
+The modules that use a knob import it from here (so a test may still set it on that module). Why each
+default has its value, with the measurements behind it, is in ``docs/defaults.md``. A user's settings
+are the command line and ``conf/default.yaml`` (``tuning.settings``); these are the project's own.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CLOSE_TO_BEST", "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S",
+    "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE", "GPU_BOX_GROUP",
+    "KEEP_VARIANTS_MIN_AVAILABLE", "MANAGER_ANSWER_S", "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S",
+    "OBJECT_STORE_BYTES", "PIECES_AHEAD", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "SPEED_PIECES",
+    "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
+]
+
+# --- measurement ------------------------------------------------------------------------------------------
+
+RAISE_MARGIN = 1.02
+"""An executor's speed in a run above its standalone figure by more than this: the standalone figure was
+measured low, and the limit takes the run's (efficiency stays a true ratio, at most this)."""
+
+MIN_ENERGY_SPAN_S = 1.0
+"""The shortest stretch of a meter's trace whose energy is read as the run's."""
+
+MAX_DISTINCT_BYTES = 128 * 1024 * 1024
+"""Synthetic workloads hold at most this many bytes of distinct images; image i is bank[i % rows]."""
+
+# --- the tune ---------------------------------------------------------------------------------------------
+
+ACQUIRE_SHARE_CAP = 0.15
+"""Acquiring executors (new actors, models built and compiled) is held to this share of a tune's wall time:
+past it, or where one more acquiring would pass it, sampled points keep the best topology and settings."""
+
+CLOSE_TO_BEST = 0.85
+"""A CPU variant whose whole-group single came this close to the best runs a split probe."""
+
+PROBES_MOST = 2
+"""At most this many split probes (each over new groups builds anew)."""
+
+CUT_FLOOR_S = 5.0
+"""A trial is never cut before this many seconds: a run's fixed costs are not worth a cut."""
+
+CUT_DRAIN_S = 4.0
+"""A cut trial's executors get this long to finish what was sent to them; those that do are kept."""
+
+MAX_OUTPUT_BYTES = 1 << 30
+"""A throughput trial's outputs (images x classes float32) stay within this."""
+
+ENGINE_HEADROOM = 1.5
+"""How far an engine family with a GPU may beat its devices' summed standalone figures before it is
+refused as unable to reach the best trial."""
+
+CPU_ENGINE_HEADROOM = 1.1
+"""The same for CPU groups alone: their sum is the bound, the margin only the measurement's."""
+
+FINAL_SHARE = 0.1
+"""The share of the trial budget kept for the finals (they also get what the search left unused)."""
+
+FINAL_MOST_SCALE = 4.0
+"""A final run measures at most this many times its trial's images, in at most half the time left."""
+
+RELEASE_IDLE_BELOW = 0.75
+"""A new topology starting with less than this share of memory available first has the idle topologies'
+CPU executors drop their programs."""
+
+MANAGER_ANSWER_S = 10.0
+"""How long the end of a tune waits for the pool manager before ending it."""
+
+# --- pools and executors ----------------------------------------------------------------------------------
+
+GPU_BOX_GROUP = 4
+"""Cores per CPU group that ``auto`` makes next to a GPU."""
+
+ACTOR_START_TIMEOUT_S = 600.0
+"""An executor actor that has not loaded after this long waits for resources it will not get."""
+
+KEEP_VARIANTS_MIN_AVAILABLE = 0.4
+"""A CPU executor keeps the variants it built while at least this share of memory is available."""
+
+OBJECT_STORE_BYTES = 4 * 1024**3
+"""The object store of a Ray instance autohet starts."""
+
+CHUNK_BYTES = 32 << 20
+"""A host copy's chunk below this is not worth a thread of its own."""
+
+# --- the runtime (``autohet.load``) ------------------------------------------------------------------------
+
+WINDOW_BYTES = 1 << 30
+"""A stream's calls join batches up to the tuned run's images, but hold at most this many bytes of them."""
+
+SPEED_PIECES = 8
+"""A stream lane's speed: its images over its busy seconds in its last this many pieces."""
+
+PIECES_AHEAD = 2
+"""Pieces a stream lane holds staged or running (a GPU stages by turns into two pinned buffers)."""
+
+WINDOWS_AHEAD = 3
+"""Windows a multi-executor stream splits and queues before the first of them is handed back."""
+
+
+# --- environment variables --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EnvVar:
+    """An environment variable autohet reads: its name, its value when unset, what it changes."""
+
+    name: str
+    default: str | None
+    doc: str
+
+    def get(self) -> str | None:
+        return os.environ.get(self.name, self.default)
+
+
+ENV: dict[str, EnvVar] = {v.name: v for v in (
+    EnvVar("AUTOHET_COMPILE_CACHE", None, "where compiled artefacts live (default runs/compile_cache)"),
+    EnvVar("AUTOHET_CPU_FLAGS", "", "CPU flags added or removed as autohet sees them (+avx512_bf16,-amx_bf16): "
+                                    "another day's machine reproduced"),
+    EnvVar("AUTOHET_PLUGINS", "", "comma-separated modules that register strategies on import"),
+    EnvVar("AUTOHET_BIND_TEAMS", None, "1: bind each thread of a CPU group's OpenMP team to one core (an A/B switch)"),
+    EnvVar("AUTOHET_DEBUG", None, "1: a command's error shows its traceback"),
+    EnvVar("AUTOHET_STACK_DUMP_S", None, "seconds after which a command still running prints every thread's stack"),
+    EnvVar("AUTOHET_TVM_DIR", None, "where TVM's tuning databases and compiled libraries live (default runs/tvm)"),
+    EnvVar("AUTOHET_TVM_CUDA_ARCH", None, "the CUDA architecture TVM compiles for (default: the GPU's)"),
+    EnvVar("AUTOHET_TVM_CUDA_COMPILER", None, "the compiler TVM's CUDA code goes through (nvcc or nvrtc)"),
+    EnvVar("AUTOHET_NVRTC_LIB", None, "the NVRTC library TVM loads where it is not found on its own"),
+    EnvVar("AUTOHET_TEST_KILL_AFTER", None, "tests only: a tune is killed after this many trials (a resume test)"),
+)}
+
+
+def env(name: str) -> str | None:
+    """The value of a registered environment variable (its default where unset)."""
+    return ENV[name].get()
