@@ -267,8 +267,8 @@ def test_space_sizes_follow_the_pool_and_the_model():
 def test_the_throughput_space_offers_pipeline_next_to_data_parallel():
     from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
+    from autohet.tuning.sizing import space_context
     from autohet.tuning.space import load_search_space
-    from autohet.tuning.tuner import space_context
 
     space = load_search_space("search_spaces").restrict(None, RunMode.THROUGHPUT)
     assert {"pipeline", "fifo", "fast_split"} <= set(space.strategies)
@@ -308,8 +308,8 @@ def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
     from autohet.tuning.initial import initial_points
+    from autohet.tuning.sizing import space_context
     from autohet.tuning.space import load_search_space
-    from autohet.tuning.tuner import space_context
     from tests.test_tune import REPO, autohet, client_for, setup_dir
 
     # the budget: the tuner's first points (single, then the pipeline at its defaults) and two drawn by the

@@ -16,8 +16,8 @@ from autohet.planners import Problem, decode, greedy, linear_transfer, place
 from autohet.pool import PoolSpec
 from autohet.strategies.placement import check_vector
 from autohet.tuning.initial import initial_points
+from autohet.tuning.sizing import space_context, strategy_sizes
 from autohet.tuning.space import DefineByRun, SearchSpace, SpaceContext, load_search_space
-from autohet.tuning.tuner import space_context, strategy_sizes
 from tests.numerics import assert_run_fp32_close
 
 
@@ -170,12 +170,12 @@ def test_block_devices_is_only_for_strategies(tmp_path) -> None:
 
 def test_space_context_partitions_only_when_a_vector_can_be_searched(monkeypatch) -> None:
     import autohet.partition as partition_mod
-    import autohet.tuning.tuner as tuner
+    import autohet.tuning.sizing as sizing
 
     space = load_search_space("search_spaces")
     one = PoolSpec("cpu", [ExecutorSpec("cpu01", "cpu", cores=(0, 1))])
     mixed = PoolSpec("mixed", [ExecutorSpec("cpu0", "cpu", cores=(0,)), ExecutorSpec("gpu0", "gpu", gpu=0)])
-    tuner._SIZES.clear()
+    sizing._SIZES.clear()
     monkeypatch.setattr(partition_mod, "partition", lambda *a, **k: pytest.fail("no partition for one device"))
     ctx_one = space_context(space, one, ModelSpec("lenet"), False)
     assert ctx_one.size("blocks") == 0 and ctx_one.size("devices") == 1 and ctx_one.kinds == frozenset({"cpu"})

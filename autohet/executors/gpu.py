@@ -22,7 +22,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from autohet.core.errors import UserError
@@ -31,6 +30,7 @@ from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import GraphedCall, check_backend, compile_module, graph_call
 from autohet.executors.cpu import pin_thread
+from autohet.executors.gpu_staging import PinnedStaging, _InPlaceParts
 
 __all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch", "use_tf32"]
 
@@ -80,30 +80,6 @@ class _Launched:
     source: Any = None  # the host rows it copies (kept alive while it may still read them)
 
 
-class _InPlaceParts:
-    """A stream's window left where its parts lie, each already page-locked (an ingress's shared-memory
-    body that a GPU replica registered, ``shm.pin_mappings``): the GPU copies from them directly. On the
-    H100 box the staging copy of a served window (986 images, 148 MB) took 14 ms against the GPU's 15
-    ms on it, and with the wait for requests it set the served rate (BENCHMARKS.md §22)."""
-
-    def __init__(self, parts: list[torch.Tensor]) -> None:
-        self.parts = parts
-        self.starts = [0]
-        for part in parts:
-            self.starts.append(self.starts[-1] + int(part.shape[0]))
-        self.shape = (self.starts[-1], *parts[0].shape[1:])
-        self.dtype = parts[0].dtype
-
-    def rows(self, start: int, count: int) -> list[torch.Tensor]:
-        """Rows [start, start + count) as slices of the parts, in order."""
-        out = []
-        for part, begin, end in zip(self.parts, self.starts, self.starts[1:], strict=False):
-            lo, hi = max(start, begin), min(start + count, end)
-            if lo < hi:
-                out.append(part[lo - begin : hi - begin])
-        return out
-
-
 @dataclass
 class _Variant:
     """The model in one precision, layout and backend; its graphs or compiled form; shapes warm."""
@@ -114,7 +90,7 @@ class _Variant:
     warm: set[int] = field(default_factory=set)
 
 
-class GpuExecutor(Executor):
+class GpuExecutor(PinnedStaging, Executor):
     # a partition's stream (set by the group actor that hosts the partitions of one GPU)
     stream_override: Any = None
 
@@ -188,89 +164,6 @@ class GpuExecutor(Executor):
             raise UserError(f"executor {self.spec.name}: its partition (sms: {self.sms}) is fixed when it starts; "
                             "a pool with another SM count starts new executors")
         self._activate()
-
-    # a served call's images, staged: one pinned buffer in the compute dtype, reused by later calls
-    _staging: torch.Tensor | None = None
-
-    def set_workload(self, workload: Workload) -> None:
-        """New images for the next units (a served call's), staged into a pinned buffer in the compute
-        dtype that later calls reuse (grown when a call is larger), copied on several threads."""
-        import warnings
-
-        from autohet.platform.host_copy import copy_rows
-
-        rows = np.asarray(workload.bank)
-        dtype = self._staged_dtype(rows)
-        staging = self._staging
-        if staging is None or staging.dtype != dtype or staging.shape[1:] != rows.shape[1:] \
-                or staging.shape[0] < rows.shape[0]:
-            staging = self._staging = torch.empty(rows.shape, dtype=dtype, pin_memory=True)
-        bank = staging[: rows.shape[0]]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
-            copy_rows(bank, torch.from_numpy(rows))
-        self.workload, self._bank_of, self._banks, self.bank = workload, workload.bank, {dtype: bank}, bank
-        self._ahead = {}
-
-    takes_pixels = True
-    launches_async = True
-
-    def _staged_dtype(self, rows: Any) -> torch.dtype:
-        """uint8 pixels stay uint8 (scaled on the GPU, ``pixel_scale``); inputs go to the compute dtype."""
-        if rows.dtype != np.uint8:
-            return self.dtype
-        if self.pixel_scale is None:
-            raise UserError(f"executor {self.spec.name} got uint8 pixels without a pixel scale (mean, std); "
-                            "pass float32 model inputs")
-        return torch.uint8
-
-    # a stream's calls, staged by turns into two pinned buffers: the next call's while the current one runs
-    _turns: list[torch.Tensor | None] | None = None
-    _turn = 0
-
-    def stage(self, parts: list[np.ndarray]) -> torch.Tensor | _InPlaceParts:
-        """The parts copied straight into the next of two pinned buffers in the compute dtype (no join,
-        one host copy, on several threads); the other buffer may be in use by the current call's units.
-        Parts already page-locked and in that dtype are left where they are (no copy)."""
-        import warnings
-
-        from autohet.platform.host_copy import copy_parts
-
-        total = sum(len(p) for p in parts)
-        dtype = self._staged_dtype(parts[0])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
-            tensors = [torch.from_numpy(p) for p in parts]
-        if all(t.dtype == dtype and t.is_contiguous() and t.is_pinned() for t in tensors):
-            return _InPlaceParts(tensors)
-        if self._turns is None:
-            self._turns = [None, None]
-        self._turn ^= 1
-        buffer = self._turns[self._turn]
-        if buffer is None or buffer.dtype != dtype or buffer.shape[1:] != parts[0].shape[1:] \
-                or buffer.shape[0] < total:
-            buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=dtype,
-                                                           pin_memory=True)
-        copy_parts(buffer[:total], tensors)
-        return buffer[:total]
-
-    def use_staged(self, staged: torch.Tensor | _InPlaceParts) -> None:
-        self.workload = Workload(staged, int(staged.shape[0]))  # units read ``bank``; the workload counts rows
-        self._bank_of, self._banks, self.bank = staged, {staged.dtype: staged}, staged
-        self._ahead = {}
-
-    def _bank(self, dtype: torch.dtype) -> torch.Tensor:
-        """The workload once in pinned host memory in ``dtype`` (kept per dtype, for this workload)."""
-        assert self.workload is not None
-        if getattr(self, "_bank_of", None) is not self.workload.bank:
-            self._banks = {}
-            self._bank_of = self.workload.bank
-        if dtype not in self._banks:
-            source = torch.from_numpy(np.asarray(self.workload.bank))
-            bank = torch.empty(source.shape, dtype=dtype, pin_memory=True)
-            bank.copy_(source)
-            self._banks = {d: b for d, b in self._banks.items() if d == torch.float32} | {dtype: bank}
-        return self._banks[dtype]
 
     def _sources(self, bank: torch.Tensor | _InPlaceParts, start: int, n: int) -> list[tuple[int, torch.Tensor]]:
         """(dest_offset, host rows) pieces of images [start, start+n) of ``bank``: its slices, or those of

@@ -3,6 +3,7 @@ of images through it (``autohet run --config --input``)."""
 
 from __future__ import annotations
 
-from autohet.runtime.runner import Runner, load
+from autohet.runtime.loader import load
+from autohet.runtime.runner import Runner
 
 __all__ = ["Runner", "load"]

@@ -114,7 +114,7 @@ def run_batch(config: str | Path, source: str | Path, out: str | Path, *, skip_b
     """Runs every input of ``source`` through the config and writes ``out``; returns the summary
     (images written, skipped files, img/s, the cores that decoded, executor deaths)."""
     from autohet.runtime.images import Decoders, list_images, preprocessing_for
-    from autohet.runtime.runner import load
+    from autohet.runtime.loader import load
 
     source, out = Path(source), Path(out)
     _check_paths(source, out)

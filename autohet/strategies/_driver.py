@@ -105,60 +105,94 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
     ``remaining * r * v_i / max(v)`` with r near 1 gave one of two equal CPU cores 70 of the last 71
     vgg16 images while the other idled (0.746 of the limit over 103 images; 0.938 with the cap).
     """
-    n = len(dispatcher.names)
+    run = _Drive(strategy, params, dispatcher, total, batches, alive)
     dispatcher.lookahead_on = lookahead and not strategy.barrier
-    st = SchedState(total, n, total, list(alive or [True] * n), [None] * n, [0] * n, list(batches or [1] * n))
-    if not any(st.alive):
-        raise UserError("every executor of the pool has died; start the pool again")
-    strategy.begin(st, params)
-    cursor = 0
-    requeue: deque[tuple[int, int]] = deque()
-    outputs: np.ndarray | None = None
-    coverage = np.zeros(total, dtype=np.int32)
-    timeline: list[WorkUnit] = []
-    failures: list[str] = []
-    images = [0] * n
-    busy = [0.0] * n
-    queued = [0] * n  # images submitted to each executor and not yet returned
-    head_start = [0.0] * n  # when each executor's current unit began (it runs its queue in order)
+    strategy.begin(run.st, params)
+    dispatcher.sink = run.place
+    t0 = dispatcher.now()
+    while True:
+        run.st.now = dispatcher.now() - t0
+        run.requeue_failed()
+        run.hand_out()
+        if not dispatcher.busy:
+            if run.st.remaining == 0 and not run.requeue:
+                break
+            run.stalled()
+        left = None if deadline_s is None else deadline_s - (dispatcher.now() - t0)
+        done = dispatcher.wait_any(max(0.0, left)) if left is not None else dispatcher.wait_any()
+        if isinstance(done, Ready):
+            continue
+        if done is None:
+            run.timed_out(deadline_s, hint)
+        run.record(done, t0)
+        if progress is not None and done.ok:
+            progress(int(sum(run.images)), total)
+        if on_event is not None:
+            on_event(done)
+    dispatcher.close()
+    return DriveResult(run.outputs, run.coverage, run.timeline, dispatcher.now() - t0, run.images, run.busy,
+                       run.failures, [not a for a in run.st.alive])
 
-    def submit(executor: int, start: int, size: int) -> None:
-        if not queued[executor]:
-            head_start[executor] = st.now
-        queued[executor] += size
-        dispatcher.submit(executor, start, size)
 
-    def even_cap(executor: int) -> int | None:
+class _Drive:
+    """One ``drive``'s state and its steps: failed units handed out again, new units sized by the
+    strategy and capped for an even finish, completions recorded (outputs placed, speeds updated)."""
+
+    def __init__(self, strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, total: int,
+                 batches: list[int] | None, alive: list[bool] | None) -> None:
+        n = len(dispatcher.names)
+        self.strategy, self.params, self.dispatcher, self.total, self.n = strategy, params, dispatcher, total, n
+        self.st = SchedState(total, n, total, list(alive or [True] * n), [None] * n, [0] * n, list(batches or [1] * n))
+        if not any(self.st.alive):
+            raise UserError("every executor of the pool has died; start the pool again")
+        self.cursor = 0
+        self.requeue: deque[tuple[int, int]] = deque()
+        self.outputs: np.ndarray | None = None
+        self.coverage = np.zeros(total, dtype=np.int32)
+        self.timeline: list[WorkUnit] = []
+        self.failures: list[str] = []
+        self.images = [0] * n
+        self.busy = [0.0] * n
+        self.queued = [0] * n  # images submitted to each executor and not yet returned
+        self.head_start = [0.0] * n  # when each executor's current unit began (it runs its queue in order)
+
+    def submit(self, executor: int, start: int, size: int) -> None:
+        if not self.queued[executor]:
+            self.head_start[executor] = self.st.now
+        self.queued[executor] += size
+        self.dispatcher.submit(executor, start, size)
+
+    def even_cap(self, executor: int) -> int | None:
         """The most images ``executor`` may take so that no executor finishes after the others (0:
         none now, a busy executor takes the rest later); None before any executor reported a speed."""
-        if strategy.barrier:
+        st = self.st
+        if self.strategy.barrier or not any(st.speeds):
             return None
-        if not any(st.speeds):
-            return None
-        speeds = st.speed_weights(list(range(n)))  # an executor yet to report: the others' mean
-        backlog = [max(0.0, queued[i] / s - (st.now - head_start[i])) if queued[i] else 0.0
+        speeds = st.speed_weights(list(range(self.n)))  # an executor yet to report: the others' mean
+        backlog = [max(0.0, self.queued[i] / s - (st.now - self.head_start[i])) if self.queued[i] else 0.0
                    for i, s in enumerate(speeds)]
         shares = even_finish_shares(st.remaining, list(speeds), backlog, st.alive)
         if shares is None:
             return None
         share = shares[executor]
-        return math.ceil(share) if share >= 1 else (0 if any(queued) else 1)
+        return math.ceil(share) if share >= 1 else (0 if any(self.queued) else 1)
 
-    def place(start: int, rows: np.ndarray) -> None:
-        nonlocal outputs
-        if outputs is None:
-            outputs = np.zeros((total, *rows.shape[1:]), dtype=np.float32)
-        outputs[start : start + len(rows)] = rows
+    def place(self, start: int, rows: np.ndarray) -> None:
+        if self.outputs is None:
+            self.outputs = np.zeros((self.total, *rows.shape[1:]), dtype=np.float32)
+        self.outputs[start : start + len(rows)] = rows
 
-    dispatcher.sink = place
-    t0 = dispatcher.now()
-    while True:
-        st.now = dispatcher.now() - t0
-        for i in range(n):  # failed units first, to any idle live executor
-            if requeue and st.alive[i] and i not in dispatcher.busy:
-                start, size = requeue.popleft()
-                submit(i, start, size)
-        offer = [i for i in range(n) if st.alive[i] and dispatcher.can_take(i)]
+    def requeue_failed(self) -> None:
+        """Failed units first, to any idle live executor."""
+        for i in range(self.n):
+            if self.requeue and self.st.alive[i] and i not in self.dispatcher.busy:
+                start, size = self.requeue.popleft()
+                self.submit(i, start, size)
+
+    def hand_out(self) -> None:
+        """New units while images remain and executors can take one (a barrier strategy: a round at a time)."""
+        st, dispatcher, strategy = self.st, self.dispatcher, self.strategy
+        offer = [i for i in range(self.n) if st.alive[i] and dispatcher.can_take(i)]
         while st.remaining > 0 and offer and not (strategy.barrier and dispatcher.busy):
             if strategy.barrier:
                 st.round_index += 1
@@ -166,69 +200,64 @@ def drive(strategy: Scheduler, params: dict[str, Any], dispatcher: Dispatcher, t
                 st.round_finish = {}
                 st.round_start = st.now
             taken: list[int] = []
-            for executor, size in strategy.assign(st, offer, params):
+            for executor, size in strategy.assign(st, offer, self.params):
                 size = min(int(size), st.remaining)
                 if size <= 0:
                     continue
                 if executor not in offer or executor in taken:
                     raise RuntimeError(f"{strategy.name} assigned to executor {executor}, which is not idle")
-                cap = even_cap(executor)
+                cap = self.even_cap(executor)
                 size = size if cap is None else min(size, cap)
                 if size <= 0:
                     continue
                 taken.append(executor)
-                submit(executor, cursor, size)
-                cursor += size
+                self.submit(executor, self.cursor, size)
+                self.cursor += size
                 st.remaining -= size
             # lookahead: an executor whose new unit is already draining is offered its next one
             offer = [i for i in taken if dispatcher.can_take(i)]
-        if not dispatcher.busy:
-            if st.remaining == 0 and not requeue:
-                break
-            if not any(st.alive):
-                raise UserError("every executor died before the work was done: " + "; ".join(failures))
-            raise RuntimeError(f"{strategy.name} assigned no work with {st.remaining} images left")
-        left = None if deadline_s is None else deadline_s - (dispatcher.now() - t0)
-        done = dispatcher.wait_any(max(0.0, left)) if left is not None else dispatcher.wait_any()
-        if isinstance(done, Ready):
-            continue
-        if done is None:
-            busy = sorted(dispatcher.busy)
-            dispatcher.close()
-            advice = hint() if hint is not None else "narrow the search space"
-            raise RunTimeout(f"{strategy.name} did not finish within {deadline_s:.0f} s ({int(coverage.sum())} of "
-                             f"{total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
-                             f"{advice}", busy, dispatcher.settle)
-        i = done.executor
+
+    def stalled(self) -> None:
+        """Nothing in flight and work left: every executor dead, or a strategy that assigned nothing."""
+        if not any(self.st.alive):
+            raise UserError("every executor died before the work was done: " + "; ".join(self.failures))
+        raise RuntimeError(f"{self.strategy.name} assigned no work with {self.st.remaining} images left")
+
+    def timed_out(self, deadline_s: float | None, hint: Callable[[], str] | None) -> None:
+        dispatcher = self.dispatcher
+        busy = sorted(dispatcher.busy)
+        dispatcher.close()
+        advice = hint() if hint is not None else "narrow the search space"
+        raise RunTimeout(f"{self.strategy.name} did not finish within {deadline_s:.0f} s ({int(self.coverage.sum())} "
+                         f"of {self.total} images done; still busy: {', '.join(dispatcher.names[b] for b in busy)}); "
+                         f"{advice}", busy, dispatcher.settle)
+
+    def record(self, done: Completion, t0: float) -> None:
+        """A completion: its outputs placed and counted, its executor's speed updated, or (a failure) its
+        unit queued again and its executor marked dead."""
+        st, i = self.st, done.executor
         st.now = done.done_s - t0
-        queued[i] = max(0, queued[i] - done.size)
-        head_start[i] = st.now
-        timeline.append(WorkUnit(dispatcher.names[i], done.start, done.size, done.submitted_s - t0,
-                                 done.done_s - t0, done.compute_s, done.ok))
+        self.queued[i] = max(0, self.queued[i] - done.size)
+        self.head_start[i] = st.now
+        self.timeline.append(WorkUnit(self.dispatcher.names[i], done.start, done.size, done.submitted_s - t0,
+                                      done.done_s - t0, done.compute_s, done.ok))
         if not done.ok:
             st.alive[i] = False
-            requeue.append((done.start, done.size))
-            failures.append(f"executor {dispatcher.names[i]} died running images "
-                            f"{done.start}..{done.start + done.size - 1} ({done.error}); re-dispatched")
-        else:
-            if not done.delivered:
-                assert done.outputs is not None
-                place(done.start, done.outputs)
-            coverage[done.start : done.start + done.size] += 1
-            images[i] += done.size
-            busy[i] += done.compute_s
-            if done.compute_s > 0:
-                st.speeds[i] = done.size / done.compute_s
-            st.completed_units[i] += 1
-            if strategy.barrier:
-                st.round_finish[i] = st.now - st.round_start
-            if progress is not None:
-                progress(int(sum(images)), total)
-        if on_event is not None:
-            on_event(done)
-    dispatcher.close()
-    return DriveResult(outputs, coverage, timeline, dispatcher.now() - t0, images, busy, failures,
-                       [not a for a in st.alive])
+            self.requeue.append((done.start, done.size))
+            self.failures.append(f"executor {self.dispatcher.names[i]} died running images "
+                                 f"{done.start}..{done.start + done.size - 1} ({done.error}); re-dispatched")
+            return
+        if not done.delivered:
+            assert done.outputs is not None
+            self.place(done.start, done.outputs)
+        self.coverage[done.start : done.start + done.size] += 1
+        self.images[i] += done.size
+        self.busy[i] += done.compute_s
+        if done.compute_s > 0:
+            st.speeds[i] = done.size / done.compute_s
+        st.completed_units[i] += 1
+        if self.strategy.barrier:
+            st.round_finish[i] = st.now - st.round_start
 
 
 def limit_figures(standalone: list[float], result: DriveResult,

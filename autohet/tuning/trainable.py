@@ -196,24 +196,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return finish(_ended("refused", strategy, params, str(exc)))
     phases[TrialKey.ACQUIRE] = time.perf_counter() - started - phases.get(TrialKey.COOL, 0.0)
     phases[TrialKey.COMPILE] = compile_s
-    workload, deadline_s = setup.workload, setup.deadline_s
-    own = None  # a single's executor's own speed: its trial is sized and cut by it
-    if setup.sizing is not None and not objectives.mode.per_request:
-        best = ray.get(manager.best_speed.remote())
-        own = _single_speed(strategy, params, manager, setup, phases)
-        images = trial_images(setup.sizing, best, spec, own, params.get("executor") if own else None)
-        workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images, own)
-    ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
-                     mode=objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
-                     deadline_s=deadline_s, _reference=_references(setup))
-    # the cut compares a run's time with the fastest valid speed's for the same images; an engine job's
-    # wall also holds its own measuring (each device alone, the planner's costs), so it is bounded by the
-    # trial timeout alone
-    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup, workload.images, own)
-    if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
-        ctx.deadline_s = cut
-    else:
-        cut = None
+    ctx, cut = _trial_context(strategy, params, spec, manager, setup, phases, standalone)
+    workload = ctx.workload
     try:
         if isinstance(params.get("ratios"), list):  # weights are drawn for the largest topology
             params["ratios"] = params["ratios"][: len(spec.executors)]
@@ -230,14 +214,50 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return finish(_ended("cut", strategy, params, message))
     except UserError as exc:
         return finish(_ended("refused", strategy, params, str(exc)))
+    phases[TrialKey.REFERENCE] = ctx.reference_stats["seconds"]  # a phase of the run: inside RUN
+    return finish(_measured(m, ctx, strategy, spec, exec_params, manager, setup))
+
+
+def _trial_context(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any, setup: TrialSetup,
+                   phases: dict[str, float], standalone: Any) -> tuple[RunContext, float | None]:
+    """The trial's run context: its images sized to the best speed so far (a single to its own executor's),
+    its deadline, and the cut (None where the trial timeout bounds the run instead)."""
+    import ray
+
+    workload, deadline_s = setup.workload, setup.deadline_s
+    own = None  # a single's executor's own speed: its trial is sized and cut by it
+    if setup.sizing is not None and not setup.objectives.mode.per_request:
+        best = ray.get(manager.best_speed.remote())
+        own = _single_speed(strategy, params, manager, setup, phases)
+        images = trial_images(setup.sizing, best, spec, own, params.get("executor") if own else None)
+        workload, deadline_s = Workload(setup.workload.bank, images), setup.sizing.deadline(images, own)
+    ctx = RunContext(setup.model, workload, setup.check_images, setup.standalone_seconds,
+                     mode=setup.objectives.mode, latency_runs=setup.latency_runs, standalone_provider=standalone,
+                     deadline_s=deadline_s, _reference=_references(setup))
+    # the cut compares a run's time with the fastest valid speed's for the same images; an engine job's
+    # wall also holds its own measuring (each device alone, the planner's costs), so it is bounded by the
+    # trial timeout alone
+    cut = None if get_strategy(strategy).on_engine else _cut_deadline(manager, setup, workload.images, own)
+    if cut is not None and (ctx.deadline_s is None or cut < ctx.deadline_s):
+        ctx.deadline_s = cut
+        return ctx, cut
+    return ctx, None
+
+
+def _measured(m: Measurement, ctx: RunContext, strategy: str, spec: PoolSpec, exec_params: dict[str, Any],
+              manager: Any, setup: TrialSetup) -> dict[str, Any]:
+    """A measured trial's result: its status, figures and the config it would export (its speed recorded
+    with the manager where it is a valid throughput trial)."""
+    import ray
+
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
     status, why = trial_status(m, setup.max_temp)
-    if status == "ok" and not objectives.mode.per_request:
+    if status == "ok" and not setup.objectives.mode.per_request:
         ray.get(manager.record_speed.remote(m.throughput_ips))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            plan=get_strategy(strategy).plan_params(m.params, m.extra),
-                           images=workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
-                           executor_params=exec_params, objective=objectives.name,
+                           images=ctx.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
+                           executor_params=exec_params, objective=setup.objectives.name,
                            measured={"throughput_ips": m.throughput_ips, "limit_ips": m.limit_ips,
                                      "efficiency": m.efficiency, "latency_ms": m.latency_ms,
                                      "output_ok": m.output_ok, "max_abs_diff": m.max_abs_diff,
@@ -246,7 +266,6 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
                                      "executor_ips": {e.name: e.standalone_ips for e in m.executors
                                                       if e.standalone_ips > 0}})
     result = trial_metrics(m)
-    phases[TrialKey.REFERENCE] = ctx.reference_stats["seconds"]  # a phase of the run: inside RUN
     result.update({TrialKey.REFERENCE_COMPUTED: int(ctx.reference_stats["computed"]),
                    TrialKey.REFERENCE_REUSED: int(ctx.reference_stats["reused"])})
     result.update(status=status, strategy=strategy, params_json=json.dumps(m.params),
@@ -256,7 +275,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         result["unavailable"] = m.extra["unavailable"]
     if why:
         result["error"] = why
-    return finish(result)
+    return result
 
 
 def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None,
