@@ -138,3 +138,14 @@ def test_bad_requests_get_the_protocol_errors_and_the_service_answers_after_each
     with pytest.raises(InferenceServerException) as info:
         client.get_model_metadata("resnet18")
     assert info.value.status() in ("404", "StatusCode.NOT_FOUND")
+
+
+def test_the_readme_tritonclient_example_runs(service, capsys):
+    """README's tritonclient example as written, but for where this service listens and what it serves
+    (cifarnet, not resnet18): it prints the logits' shape."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    example = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "tritonclient.http" in block)
+    exec(example.replace("localhost:8000", service["http"]).replace('"resnet18"', '"cifarnet"'), {})
+    assert capsys.readouterr().out.strip() == "(8, 10)"

@@ -9,10 +9,12 @@ request, duplicate or malformed lengths, bare LF line ends and obsolete line fol
 
 Why not uvicorn (nor Serve's HTTP proxy): a Content-Length body is read straight into one array of
 its declared length (``recv_into``, as much as the socket holds per call), not as 256 KiB ``bytes``
-chunks each handed through an ASGI receive, then joined; llhttp is fed each read in place and only
-counts it (httptools hands it over as ``bytes``, which are dropped). On the H100 box, with the hand-
-written parser this replaces, the ingress used 1.25 CPU seconds per GB of 9.6 MB bodies against 1.84
-through uvicorn, and the service answered 1.14x the images (BENCHMARKS.md §21).
+chunks each handed through an ASGI receive, then joined. llhttp frames the head and the bytes that
+came with it; the rest of such a body is not fed to it (httptools would copy each read to hand it
+over: on the 2-core box that cost the server 1.5x the CPU per GB of 9.6 MB bodies), and the next
+request starts on a new parser. On the H100 box, with the hand-written parser this replaces, the
+ingress used 1.25 CPU seconds per GB of 9.6 MB bodies against 1.84 through uvicorn, and the service
+answered 1.14x the images (BENCHMARKS.md §21).
 
 What it serves: HTTP/1.1 and 1.0, keep-alive, pipelined requests (each let in on its head and run at
 once, up to ``PIPELINE_DEPTH`` per connection, answered in order), ``Content-Length`` and chunked
@@ -281,11 +283,11 @@ class _Connection(asyncio.BufferedProtocol):
         self.last = self.loop.time()
         if self.state != "open":  # what comes after the last request, or while closing: dropped
             return
-        exchange = self.reading
-        data = exchange.body[exchange.got : exchange.got + nbytes] if self.direct and exchange and exchange.body \
-            else memoryview(self.scratch)[:nbytes]
+        if self.direct:
+            self._read_in_place(nbytes)
+            return
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(memoryview(self.scratch)[:nbytes])
         except httptools.HttpParserUpgrade:  # no protocol switch: answered, then the connection ends
             self.state = "done"
         except httptools.HttpParserCallbackError as exc:
@@ -341,9 +343,7 @@ class _Connection(asyncio.BufferedProtocol):
     def on_body(self, part: bytes) -> None:
         exchange = self.reading
         assert exchange is not None
-        if self.direct:  # read in place already
-            exchange.got += len(part)
-        elif exchange.body is not None:
+        if exchange.body is not None:
             if exchange.got + len(part) > len(exchange.body):
                 raise BadHead(400, "the body is longer than its Content-Length")
             exchange.body[exchange.got : exchange.got + len(part)] = part
@@ -365,6 +365,25 @@ class _Connection(asyncio.BufferedProtocol):
         assert exchange is not None and exchange.head is not None
         if exchange.body is not None and exchange.got != len(exchange.body):  # llhttp counts as we do
             raise BadHead(400, "the body ended before its Content-Length")
+        self._complete(exchange)
+
+    # --- a request's parts ----------------------------------------------------------------------------
+
+    def _read_in_place(self, nbytes: int) -> None:
+        """A Content-Length body's bytes read straight into its memory. llhttp, which validated the length
+        and took the bytes that came with the head, is not fed the rest (it would only count them, and
+        httptools would copy each read for it): once the body is whole, the next request starts on a new
+        parser, as llhttp would have gone on after it."""
+        exchange = self.reading
+        assert exchange is not None and exchange.body is not None
+        exchange.got += nbytes
+        if exchange.got == len(exchange.body):
+            self.parser = httptools.HttpRequestParser(self)
+            self._complete(exchange)
+
+    def _complete(self, exchange: _Exchange) -> None:
+        """A request read whole: run where admitted, answered in turn."""
+        assert exchange.head is not None
         exchange.complete = True
         self.reading, self.direct = None, False
         if not exchange.head.keep_alive and self.state == "open":
@@ -374,8 +393,6 @@ class _Connection(asyncio.BufferedProtocol):
             body = exchange.body if exchange.body is not None else memoryview(exchange.chunks or b"")
             self.loop.create_task(self._answer(exchange, admitted, body))
         self._flush()
-
-    # --- a request's parts ----------------------------------------------------------------------------
 
     def _head_part(self, *parts: bytes) -> None:
         exchange = self.reading
