@@ -145,7 +145,7 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
     offline figure (stream img/s, or batch-1 p50 for a latency config)."""
     import autohet
     from autohet.context import TOLERANCE
-    from autohet.objectives import RunMode
+    from autohet.core.objectives import RunMode
     from autohet.runtime.images import preprocessing_for
     from autohet.service.requests import decode_image
     from bench.runtime_load import stream_ips
@@ -476,7 +476,7 @@ def stream_use(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any
 
 def smoke_config(folder: Path) -> str:
     from autohet.config import RunConfig, write_config
-    from autohet.models import ModelSpec
+    from autohet.core.models import ModelSpec
     from autohet.pool import load_pool
 
     config = RunConfig(ModelSpec("lenet"), load_pool(str(REPO / "actors/cpu2.yaml")), "fast_split",

@@ -18,7 +18,7 @@ import pytest
 
 from autohet.config import RunConfig, write_config
 from autohet.context import TOLERANCE
-from autohet.models import ModelSpec
+from autohet.core.models import ModelSpec
 from autohet.pool import load_pool
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from autohet.errors import Interrupted
+from autohet.core.errors import Interrupted
 
 __all__ = ["register"]
 

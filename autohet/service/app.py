@@ -40,7 +40,7 @@ import numpy as np
 from ray import serve
 
 from autohet.config import RunConfig
-from autohet.errors import last_line
+from autohet.core.errors import last_line
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
 from autohet.service.admission import NoReplica, Slot, Timing, busy, json_reply, nothing
@@ -72,7 +72,7 @@ class Replica:
 
     def __init__(self, spec: ReplicaSpec, config: RunConfig, batch_wait_s: float, measure_s: float) -> None:
         import autohet
-        from autohet.workload import workload_for
+        from autohet.core.workload import workload_for
 
         self.spec = spec
         loaded, kwargs = replica_load(config, spec)
@@ -528,7 +528,7 @@ def build_app(config: RunConfig, specs: list[ReplicaSpec], settings: IngressSett
               batch_wait_s: float, driver_node: str) -> Any:
     """The application to ``serve.run``: ``ingresses`` ingress processes on the driver's node, each bound
     to every replica, under one ``Control``."""
-    from autohet.pool.ray_pool import ray_node_id
+    from autohet.pool.actors import ray_node_id
 
     replica = serve.deployment(Replica)
     bound = {}

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from autohet.errors import last_line
+from autohet.core.errors import last_line
 from autohet.service.shm import ShmImages
 
 __all__ = ["Answer", "ChannelClient", "ChannelClosed", "ChannelServer", "ReplicaFailed"]

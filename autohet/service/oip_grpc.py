@@ -20,7 +20,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from autohet.errors import last_line
+from autohet.core.errors import last_line
 from autohet.service import oip
 from autohet.service import oip_messages_pb2 as pb
 from autohet.service.admission import NoReplica

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from autohet.errors import last_line
+from autohet.core.errors import last_line
 from autohet.service import oip
 from autohet.service.admission import NoReplica, busy, json_reply, nothing
 from autohet.service.listener import Admitted, Head, Reply

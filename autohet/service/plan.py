@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autohet.config import RunConfig
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 
 __all__ = ["ReplicaSpec", "plan_replicas", "replica_load"]
 
@@ -54,7 +54,7 @@ class ReplicaSpec:
 
 def plan_replicas(config: RunConfig, where: str) -> list[ReplicaSpec]:
     """The config's replicas; one line (UserError) for a config the service cannot run."""
-    from autohet.objectives import ObjectiveSet
+    from autohet.core.objectives import ObjectiveSet
     from autohet.strategies import get_strategy
 
     strategy = get_strategy(config.strategy)

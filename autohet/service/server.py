@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autohet.config import RunConfig
-from autohet.errors import UserError
+from autohet.core.errors import UserError
 from autohet.service.listener import bind_shared
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class Service:
 
     def start(self) -> None:
         from autohet.config import load_config
-        from autohet.models import input_shape
+        from autohet.core.models import input_shape
         from autohet.runtime.images import preprocessing_for
         from autohet.service.plan import plan_replicas
 
@@ -149,7 +149,7 @@ class Service:
             check_port_free("0.0.0.0", opts.metrics_port, "--metrics-port")
         import ray
 
-        from autohet.ray_runtime import init_ray
+        from autohet.platform.ray_cluster import init_ray
 
         self._owns_ray = not ray.is_initialized()
         init_ray(opts.address, metrics_port=None if opts.address else opts.metrics_port)
@@ -256,7 +256,7 @@ def check_resources(specs: list[ReplicaSpec], where: str) -> None:
     """One line when the Ray cluster cannot hold a replica (Serve would wait for it forever)."""
     import ray
 
-    from autohet.pool.ray_pool import ray_node_id
+    from autohet.pool.actors import ray_node_id
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
     for spec in specs:
