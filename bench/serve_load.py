@@ -14,6 +14,10 @@ One run, one command:
    Retry-After (at most ``--retry-cap-s``); every answer is checked against the offline outputs of
    the same body (the config precision's tolerance). A request is lost when it never gets a correct
    answer: an error status other than 503, a broken connection, a timeout or a wrong answer;
+   With ``--protocol v2-http`` or ``v2-grpc`` the clients are Triton's own (``tritonclient.http.aio``,
+   ``tritonclient.grpc.aio``) speaking the Open Inference Protocol v2 with binary tensors (the same
+   float32 inputs or ``--pixels``, FP32 logits back), 503 / UNAVAILABLE retried alike; the service is
+   started with ``--grpc-port`` for gRPC. The phases below come only with ``v1`` (``Server-Timing``);
 4. the fault (``--kill-replica-after S``): after S seconds one replica's process (``--kill-replica
    NAME``, default the fastest) is killed with SIGKILL, and the time until ``/healthz`` is 200 again
    is measured;
@@ -40,7 +44,10 @@ computed (CUDA events), its stream waited for requests, and the staging per wind
     python -m bench.serve_load --config runs/resnet18-latency/best.yaml --clients 1 --jpeg --seconds 20
     python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --npy-batch 32 --seconds 40 \\
         --kill-replica-after 15
+    python -m bench.serve_load --config runs/resnet18/best.yaml --clients 64 --client-procs 4 --npy-batch 64 \
+        --pixels --protocol v2-grpc --seconds 30      # tritonclient.grpc, binary tensors
     python -m bench.serve_load --smoke     # lenet fast_split on actors/cpu2.yaml: seconds of load, a kill
+    python -m bench.serve_load --smoke --protocol v2-http
 """
 
 from __future__ import annotations
@@ -78,6 +85,8 @@ class Bodies:
     images: int  # per request
     query: str = ""
     accept: str = "application/json"
+    arrays: list[np.ndarray] = field(default_factory=list)  # the bodies' inputs (the v2 protocol's tensors)
+    model: str = ""  # the served model's name (v2)
 
 
 @dataclass
@@ -156,7 +165,8 @@ def offline(path: str, args: argparse.Namespace) -> tuple[Bodies, dict[str, Any]
             split = list(range(0, len(inputs), args.npy_batch))
             bodies = Bodies("application/x-npy", [npy(inputs[s : s + args.npy_batch]) for s in split],
                             [out[s : s + args.npy_batch] for s in split], args.npy_batch,
-                            accept="application/x-npy" if args.accept == "npy" else "application/json")
+                            accept="application/x-npy" if args.accept == "npy" else "application/json",
+                            arrays=[inputs[s : s + args.npy_batch] for s in split], model=runner.model.name)
         figures: dict[str, Any] = {"tolerance": TOLERANCE[runner.served.precision], "batch": runner.batch}
         if RunMode(runner.mode).per_request:
             one = np.ascontiguousarray(inputs[:1])
@@ -185,9 +195,65 @@ def correct(body: bytes, accept: str, expected: np.ndarray, tolerance: float) ->
             got = np.asarray(answer["outputs"] if "outputs" in answer else [answer["logits"]], np.float32)
     except (ValueError, KeyError, OSError):
         return False
-    if got.shape != expected.shape:
-        return False
-    return float(np.abs(got - expected).max()) <= tolerance * max(float(np.abs(expected).max()), 1e-6)
+    return within(got, expected, tolerance)
+
+
+def within(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
+    return got.shape == expected.shape and \
+        float(np.abs(got - expected).max()) <= tolerance * max(float(np.abs(expected).max()), 1e-6)
+
+
+def v2_sender(args: argparse.Namespace, bodies: Bodies, tolerance: float, tally: Tally) -> tuple[Any, Any]:
+    """(client, send): Triton's asyncio client of ``--protocol`` and ``send(k)``, one v2 inference of
+    body ``k`` with binary tensors until it is answered (UNAVAILABLE / 503 retried) or lost."""
+    if args.protocol == "v2-grpc":
+        import tritonclient.grpc.aio as tc
+
+        client = tc.InferenceServerClient(f"127.0.0.1:{args.grpc_port}")
+    else:
+        import tritonclient.http.aio as tc
+
+        client = tc.InferenceServerClient(f"127.0.0.1:{args.port}", conn_limit=args.clients + 4,
+                                          conn_timeout=args.request_timeout_s)
+    from tritonclient.utils import InferenceServerException
+
+    datatype = "UINT8" if args.pixels else "FP32"
+    tensors = []
+    for x in bodies.arrays:  # encoded once: a request is then the client's own work only
+        tensor = tc.InferInput("input", list(x.shape), datatype)
+        if args.protocol == "v2-grpc":
+            tensor.set_data_from_numpy(x)
+        else:
+            tensor.set_data_from_numpy(x, binary_data=True)
+        tensors.append(tensor)
+    output = tc.InferRequestedOutput("logits") if args.protocol == "v2-grpc" else \
+        tc.InferRequestedOutput("logits", binary_data=True)
+
+    async def send(k: int) -> None:
+        n = k % len(tensors)
+        while True:
+            sent = time.perf_counter()
+            try:
+                result = await client.infer(bodies.model, [tensors[n]], outputs=[output])
+            except InferenceServerException as exc:
+                if str(exc.status()) in ("503", "StatusCode.UNAVAILABLE"):
+                    tally.rejected += 1
+                    await asyncio.sleep(args.retry_cap_s)
+                    continue
+                tally.lost.append(f"{exc.status()}: {exc.message()}"[:200])
+                return
+            except Exception as exc:  # a broken connection, a timeout: lost
+                tally.lost.append(f"{type(exc).__name__}: {exc}"[:200])
+                return
+            if not within(result.as_numpy("logits"), bodies.expected[n], tolerance):
+                tally.wrong += 1
+                tally.lost.append("a wrong answer")
+                return
+            tally.answered += 1
+            tally.latencies.append(time.perf_counter() - sent)
+            return
+
+    return client, send
 
 
 async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
@@ -195,6 +261,7 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
     import aiohttp
 
     tally, fault = Tally(), {}
+    v2_client, v2_send = v2_sender(args, bodies, tolerance, tally) if args.protocol != "v1" else (None, None)
     timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.clients + 4),
                                      timeout=timeout) as session:
@@ -234,7 +301,7 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
         async def client(c: int) -> None:
             k = c
             while time.perf_counter() < deadline:
-                await one(k)
+                await (v2_send(k) if v2_send is not None else one(k))
                 k += args.clients
 
         async def kill() -> None:
@@ -267,6 +334,8 @@ async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: fl
         async with session.get(url + "/healthz") as response:
             health = await response.json() if response.status == 200 else {}
         fault["images_routed"] = {r["name"]: r["images_routed"] for r in health.get("replicas", [])}
+    if v2_client is not None:
+        await v2_client.close()
     return tally, wall, fault
 
 
@@ -328,6 +397,8 @@ def start_service(path: str, port: int, args: argparse.Namespace, body_bytes: in
                "--request-timeout-s", str(args.request_timeout_s)]
     if args.ingress_procs:
         command += ["--ingress-procs", str(args.ingress_procs)]
+    if args.protocol == "v2-grpc":
+        command += ["--grpc-port", str(args.grpc_port)]
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lines = []
@@ -443,6 +514,10 @@ def main() -> None:
     parser.add_argument("--request-timeout-s", type=float, default=120.0)
     parser.add_argument("--start-timeout-s", type=float, default=900.0, help="longest wait for the service")
     parser.add_argument("--port", type=int, help="the service's port (default: a free one)")
+    parser.add_argument("--protocol", choices=("v1", "v2-http", "v2-grpc"), default="v1",
+                        help="the clients' protocol: POST /v1/predict (aiohttp), or the Open Inference Protocol v2 "
+                             "with binary tensors through tritonclient.http.aio or tritonclient.grpc.aio")
+    parser.add_argument("--grpc-port", type=int, help="v2-grpc: the service's gRPC port (default: a free one)")
     parser.add_argument("--smoke", action="store_true",
                         help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")
     parser.add_argument("--cpu-top", type=int, default=12,
@@ -458,13 +533,16 @@ def main() -> None:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.client_procs > args.clients:
         parser.error(f"--client-procs {args.client_procs} is more than --clients {args.clients}")
+    if args.protocol != "v1" and args.jpeg:
+        parser.error("--jpeg is /v1/predict's: the v2 protocol sends tensors (--npy-batch, --pixels)")
     with tempfile.TemporaryDirectory() as tmp:
         path = smoke_config(Path(tmp)) if args.smoke else args.config
         if not path:
             parser.error("give --config FILE or --smoke")
         path = str(Path(path).resolve())
         bodies, figures = offline(path, args)
-        port = args.port or free_port()
+        port = args.port = args.port or free_port()
+        args.grpc_port = args.grpc_port or free_port()
         proc, ready = start_service(path, port, args, max(len(d) for d in bodies.data))
         try:
             # cpu near 1 core a client process: the clients bound the figures, not the service
@@ -481,6 +559,7 @@ def main() -> None:
     row: dict[str, Any] = {
         "model": figures["model"], "strategy": figures["strategy"], "objective": figures["objective"],
         "request": "jpeg" if args.jpeg else f"npy{args.npy_batch}{'-uint8' if args.pixels else ''}",
+        "protocol": args.protocol,
         "clients": args.clients,
         "seconds": round(wall, 2), "answered": tally.answered, "req_s": tally.answered / wall, "img_s": images / wall,
         "body_mb_s": tally.answered * float(np.mean([len(d) for d in bodies.data])) / wall / 1e6,
@@ -495,8 +574,8 @@ def main() -> None:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
     else:
         row.update(offline_p50_ms=figures["offline_p50_ms"])
-    columns = ["model", "strategy", "request", "clients", "req_s", "img_s", "body_mb_s", "client_cores", "offline_ips",
-               "served_over_offline",
+    columns = ["model", "strategy", "protocol", "request", "clients", "req_s", "img_s", "body_mb_s", "client_cores",
+               "offline_ips", "served_over_offline",
                "offline_p50_ms", "p50_ms", "p90_ms", "p99_ms", "rejected_503", "lost", "killed", "recovered_s",
                "exit_code"]
     emit("serve_load", [row], [c for c in columns if c in row], args.out)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared, parse_head
+from autohet.service.listener import Admitted, BadHead, Head, Listener, Reply, bind_shared, parse_head
 
 MAX_BODY = 4 << 20
 
@@ -70,7 +70,8 @@ def served() -> Iterator[tuple[EchoApp, int]]:
         asyncio.set_event_loop(loop)
 
         async def start() -> None:
-            holder["listener"] = Listener(app, sock, MAX_BODY, keep_alive_s=2.0, body_timeout_s=1.0)
+            holder["listener"] = Listener(app, sock, MAX_BODY, keep_alive_s=2.0, body_timeout_s=1.0,
+                                           head_timeout_s=1.5)
             await holder["listener"].ready
             started.set()
 
@@ -168,25 +169,99 @@ def test_a_refused_body_is_read_past_and_the_connection_goes_on(served):
     assert app.admitted == app.released == 1
 
 
-@pytest.mark.parametrize("request_bytes, status", [
-    (b"POST /x HTTP/1.1\r\ncontent-length: lots\r\n\r\n", 400),
-    (b"NOT A REQUEST\r\n\r\n", 400),
-    (b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n", 501),
-    (b"POST /x HTTP/1.1\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\n\r\n", 400),
-    (b"GET /x HTTP/1.1\r\nx-big: " + b"y" * 70_000 + b"\r\n\r\n", 431),
-    ("POST /x HTTP/1.1\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), 400),
-    (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n-100000\r\nabc\r\n", 400),
-    (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0x10\r\nabc\r\n", 400),
-])
-def test_a_malformed_request_gets_its_4xx_and_the_connection_closes(served, request_bytes, status):
-    _, port = served
+SMUGGLED = b"GET /smuggled HTTP/1.1\r\nhost: a\r\n\r\n"  # a second request hidden in a malformed one's body
+
+MALFORMED = {
+    "content-length, then transfer-encoding": (b"POST /x HTTP/1.1\r\ncontent-length: 5\r\ntransfer-encoding: chunked"
+                                               b"\r\n\r\n0\r\n\r\n" + SMUGGLED, {400}),
+    "transfer-encoding, then content-length": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\ncontent-length: 40"
+                                               b"\r\n\r\n0\r\n\r\n" + SMUGGLED, {400}),
+    "two different content-lengths": (b"POST /x HTTP/1.1\r\ncontent-length: 5\r\ncontent-length: 42\r\n\r\nhello"
+                                      + SMUGGLED, {400}),
+    "a list of content-lengths": (b"POST /x HTTP/1.1\r\ncontent-length: 5, 42\r\n\r\nhello" + SMUGGLED, {400}),
+    "a negative content-length": (b"POST /x HTTP/1.1\r\ncontent-length: -5\r\n\r\nhello" + SMUGGLED, {400}),
+    "a non-numeric content-length": (b"POST /x HTTP/1.1\r\ncontent-length: lots\r\n\r\n" + SMUGGLED, {400}),
+    "a superscript content-length": ("POST /x HTTP/1.1\r\ncontent-length: \u00b2\r\n\r\n".encode("latin-1"), {400}),
+    "an unknown transfer coding": (b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip\r\n\r\n" + SMUGGLED, {400, 501}),
+    "a coding before chunked": (b"POST /x HTTP/1.1\r\ntransfer-encoding: gzip, chunked\r\n\r\n0\r\n\r\n" + SMUGGLED,
+                                {400, 501}),
+    "chunked twice": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+                      + SMUGGLED, {400, 501}),
+    "a bad chunk size": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n" + SMUGGLED,
+                         {400}),
+    "a negative chunk size": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n-100000\r\nabc\r\n", {400}),
+    "a 0x chunk size": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n0x10\r\nabc\r\n", {400}),
+    "an overflowing chunk size": (b"POST /x HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n" + b"f" * 20 + b"\r\nab\r\n",
+                                  {400}),
+    "a 100 KB header line": (b"GET /x HTTP/1.1\r\nx-big: " + b"y" * 100_000 + b"\r\n\r\n" + SMUGGLED, {431}),
+    "70 KB of headers": (b"GET /x HTTP/1.1\r\n" + b"".join(b"x-%d: %s\r\n" % (k, b"y" * 990) for k in range(70))
+                         + b"\r\n", {431}),
+    "bare LF line ends": (b"GET /x HTTP/1.1\nhost: a\n\n" + SMUGGLED, {400}),
+    "a bare LF ending the head": (b"GET /x HTTP/1.1\r\nhost: a\r\n\n" + SMUGGLED, {400}),
+    "obsolete line folding": (b"GET /x HTTP/1.1\r\nx-a: 1\r\n 2\r\n\r\n" + SMUGGLED, {400}),
+    "a space before a header's colon": (b"GET /x HTTP/1.1\r\ncontent-length : 5\r\n\r\nhello" + SMUGGLED, {400}),
+    "not a request": (b"NOT A REQUEST\r\n\r\n", {400}),
+    "a lower-case method": (b"get /x HTTP/1.1\r\n\r\n", {400}),
+    "HTTP/2.0": (b"GET /x HTTP/2.0\r\n\r\n", {400}),
+    "HTTP/0.9": (b"GET /x\r\n\r\n", {400}),
+}
+
+
+def _answers_until_closed(s: socket.socket) -> list[tuple[int, dict[str, str], bytes]]:
+    answers = []
+    while True:
+        try:
+            answers.append(_read_answer(s))
+        except (ConnectionError, ValueError, IndexError):
+            return answers
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_a_malformed_request_gets_one_4xx_and_the_connection_closes(served, case):
+    """Each malformed or hostile request: one 4xx (501 for a transfer coding the server does not know)
+    with a one-line reason, or a closed connection; never a 5xx, never an answer to a request smuggled
+    behind it; and the server answers a good request after it."""
+    app, port = served
+    request_bytes, statuses = MALFORMED[case]
     with _raw(port) as s:
         s.sendall(request_bytes)
-        got, headers, body = _read_answer(s)
-        assert got == status and headers["connection"] == "close"
+        answers = _answers_until_closed(s)  # the server closes (each read times out after 10 s otherwise)
+    assert len(answers) <= 1, [a[0] for a in answers]  # nothing smuggled answered
+    if answers:
+        status, headers, body = answers[0]
+        assert status in statuses and headers["connection"] == "close", (status, body)
         reason = json.loads(body)["error"]
         assert reason and len(reason.splitlines()) == 1
-        assert _readers[s.fileno()].read(10) == b""  # closed by the server (no reset: the answer was not lost)
+    assert all(h.path != "/smuggled" for h in app.heads)
+    with _raw(port) as s:
+        s.sendall(b"POST /ok HTTP/1.1\r\ncontent-length: 2\r\n\r\nok")
+        assert _read_answer(s)[0] == 200
+    assert app.admitted == app.released
+
+
+def test_slowloris_connections_get_408_while_good_requests_are_answered(served):
+    """60 connections trickling a head's lines one by one never finish it: each gets 408 once the head
+    timeout passes (or is closed), and requests on other connections are answered meanwhile."""
+    _, port = served
+    slow = [_raw(port) for _ in range(60)]
+    try:
+        for s in slow:
+            s.sendall(b"GET /slow-loris HTTP/1.1\r\n")
+        answered = 0
+        for k in range(4):  # the timeout is 1.5 s: these go on while every slow head is still incomplete
+            for s in slow:
+                s.sendall(b"x-%d: y\r\n" % k)
+            with _raw(port) as good:
+                good.sendall(b"GET /good HTTP/1.1\r\n\r\n")
+                answered += _read_answer(good)[0] == 200
+            time.sleep(0.1)
+        assert answered == 4
+        for s in slow:
+            answers = _answers_until_closed(s)
+            assert [a[0] for a in answers] in ([408], []), answers
+    finally:
+        for s in slow:
+            s.close()
 
 
 def test_a_declared_body_over_the_limit_gets_413_whatever_the_app_said(served):
@@ -256,10 +331,14 @@ def test_a_body_that_stops_coming_gets_408_and_one_cut_off_is_released(served):
 
 
 def test_parse_head_reads_the_line_the_headers_and_the_body_framing():
-    head = parse_head(b"post /v1/predict?logits=1&x=a%20b HTTP/1.0\r\nContent-Type: image/png\r\n"
+    head = parse_head(b"POST /v1/predict?logits=1&x=a%20b HTTP/1.0\r\nContent-Type: image/png\r\n"
                       b"content-length: 12\r\nX-A: 1\r\nx-a: 2\r\nconnection: keep-alive")
     assert (head.method, head.path, head.version) == ("POST", "/v1/predict", "1.0")
     assert (head.length, head.chunked) == (12, False)
     assert head.query == {"logits": "1", "x": "a b"} and head.headers["x-a"] == "1, 2" and head.keep_alive
     assert not parse_head(b"GET / HTTP/1.0").keep_alive and parse_head(b"GET / HTTP/1.1").keep_alive
+    assert not parse_head(b"GET / HTTP/1.1\r\nconnection: close").keep_alive
     assert parse_head(b"POST / HTTP/1.1\r\ntransfer-encoding: chunked").chunked
+    with pytest.raises(BadHead) as info:
+        parse_head(b"POST / HTTP/1.1\r\ntransfer-encoding: gzip")
+    assert info.value.status == 501 and "send a Content-Length" in info.value.reason

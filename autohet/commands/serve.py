@@ -18,7 +18,7 @@ __all__ = ["register"]
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve an exported config over HTTP (Ray Serve): POST /v1/predict, "
-                                            "GET /healthz")
+                                            "GET /healthz, the Open Inference Protocol v2 (/v2, --grpc-port)")
     p.add_argument("--config", required=True, help="an exported config (runs/<experiment>/best.yaml)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
                                                         "only; 0.0.0.0 for every interface)")
@@ -36,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ingress-procs", type=int,
                    help="processes reading requests on the port (default: one per two cores the config leaves "
                         "free, 1-8); --max-queue is shared between them")
+    p.add_argument("--grpc-port", type=int,
+                   help="also serve the Open Inference Protocol's gRPC service on this port (Triton's is 8001; "
+                        "default: not served)")
+    p.add_argument("--name", help="the model's name in the Open Inference Protocol (default: the config's model)")
     p.add_argument("--metrics-port", type=int,
                    help="port of Ray's Prometheus metrics on this node (default: Ray's choice, printed at start)")
     p.set_defaults(func=main)
@@ -47,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
     service = Service(ServiceOptions(
         config=args.config, host=args.host, port=args.port, address=args.address, batch_wait_ms=args.batch_wait_ms,
         max_queue=args.max_queue, max_body_mb=args.max_body_mb, drain_s=args.drain_s,
-        request_timeout_s=args.request_timeout_s, metrics_port=args.metrics_port, ingress_procs=args.ingress_procs))
+        request_timeout_s=args.request_timeout_s, metrics_port=args.metrics_port, ingress_procs=args.ingress_procs,
+        grpc_port=args.grpc_port, name=args.name))
     try:
         try:
             service.start()

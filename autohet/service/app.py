@@ -29,11 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +43,10 @@ from autohet.config import RunConfig
 from autohet.core.errors import last_line
 from autohet.runtime.images import Preprocessing
 from autohet.service import requests as rq
+from autohet.service.admission import NoReplica, Slot, Timing, busy, json_reply, nothing
 from autohet.service.channel import Answer, ChannelClient, ChannelClosed, ChannelServer
 from autohet.service.listener import Admitted, Head, Listener, Reply, bind_shared
+from autohet.service.oip_ingress import INFO_TIMEOUT_S, OipEndpoints
 from autohet.service.plan import ReplicaSpec, replica_load
 from autohet.service.routing import share
 from autohet.service.shm import BodyPool, ShmBody, ShmImages, pin_mappings
@@ -55,8 +56,6 @@ __all__ = ["IngressSettings", "build_app"]
 
 log = logging.getLogger("autohet.service")
 
-RETRY_AFTER_S = 1
-INFO_TIMEOUT_S = 5.0
 RETRIES = 6  # attempts at a chunk whose replicas die under it (a dead one is waited on longer each time)
 RETRY_DELAY_S = 1.0
 NOSET_CUDA = {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}  # the pool's GPU index, as tuned
@@ -197,44 +196,11 @@ class IngressSettings:
     decoders: int
     request_timeout_s: float
     service: str = ""  # names its shared-memory bodies, for the driver to remove them at the end
+    name: str = ""  # the model's name in the Open Inference Protocol (default: the config's model)
+    grpc_port: int | None = None  # the protocol's gRPC service listens here too (None: not served)
 
 
-class Timing:
-    """Where one request's time went in the service (seconds by phase, in order), sent back as
-    ``Server-Timing`` (milliseconds): ``body`` reading it after its head, ``parse`` (or decoding),
-    the replica's own phases (``Answer``; of its slowest chunk), Ray and Serve between the ingress
-    and that replica (``to_replica`` and ``from_replica`` for a replica of this node, else both ways
-    as ``transit``), ``encode`` the answer."""
-
-    def __init__(self) -> None:
-        self.phases: dict[str, float] = {}
-        self.mark = time.perf_counter()
-
-    def lap(self, phase: str) -> None:
-        """The time since the last lap, as ``phase``."""
-        now = time.perf_counter()
-        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.mark
-        self.mark = now
-
-    def replica(self, answer: Answer, called: float, back: float, local: bool) -> None:
-        """A replica's phases, and the rest of the ingress's call to it (``called`` to ``back``)."""
-        self.phases.update(answer.phases)
-        if local and answer.span is not None:  # one clock: the way there and the way back apart
-            self.phases["to_replica"] = max(0.0, answer.span[0] - called)
-            self.phases["from_replica"] = max(0.0, back - answer.span[1])
-        else:
-            self.phases["transit"] = max(0.0, back - called - sum(answer.phases.values()))
-        self.mark = time.perf_counter()
-
-    def header(self) -> str:
-        return ", ".join(f"{k};dur={v * 1e3:.3f}" for k, v in self.phases.items())
-
-
-class NoReplica(Exception):
-    """No replica answered a chunk after every retry."""
-
-
-class Ingress:
+class Ingress(OipEndpoints):
     """The HTTP endpoints (``requests`` says which); ``begin_drain``, ``requests_in_flight`` and
     ``replicas`` for the driver."""
 
@@ -304,81 +270,82 @@ class Ingress:
 
     def begin(self, head: Head) -> Reply | Admitted:
         """A request on its head: refused here (route, method, content type, declared size, query, a full
-        queue, a draining service) or admitted, its answer then due within ``request_timeout_s`` (408)."""
+        queue) or admitted, its answer then due within ``request_timeout_s`` (408)."""
+        if head.path == "/v2" or head.path.startswith("/v2/"):
+            return self.begin_v2(head)
         try:
             if rq.check_route(head.method, head.path) == "healthz":
-                return Admitted(lambda body: self._timed(self._health()), _nothing)
+                return Admitted(lambda body: self._timed(self._health()), nothing)
             if self.draining:
-                return _busy("the service is shutting down; retry on its successor")
+                return busy("the service is shutting down; retry on its successor")
             media = rq.media_type(head.headers.get("content-type"))
             rq.check_declared_length(head.headers.get("content-length"), self.settings.max_body)
             with_logits = rq.parse_query(head.query)
         except rq.BadRequest as exc:
-            return _json({"error": exc.reason}, exc.status, exc.headers)
-        if self.in_flight >= self.settings.max_queue:
-            return _busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve --max-queue)")
-        self.in_flight += 1
-        released = False
-        shared: list[ShmBody] = []
-        timing = Timing()
+            return json_reply({"error": exc.reason}, exc.status, exc.headers)
+        accept = head.headers.get("accept", "")
+        return self.admit(lambda body, slot: self._predict(media, with_logits, accept, body, slot),
+                          shared=media == rq.NPY_TYPE)
 
-        def release(answered: bool = False) -> None:
-            """Out of the queue; its shared body kept for the next request only once answered in full
-            (after a failure or a timeout a replica may still be reading it: removed)."""
-            nonlocal released
-            if not released:
-                released = True
-                self.in_flight -= 1
-                for body in shared:
-                    if answered and self.bodies is not None:
-                        self.bodies.give_back(body)
-                    else:
-                        body.remove()
+    def enter(self) -> Slot | Reply:
+        """A place among the requests in flight, or 503 while draining or past ``max_queue``."""
+        if self.draining:
+            return busy("the service is shutting down; retry on its successor")
+        if self.in_flight >= self.settings.max_queue:
+            return busy(f"the queue is full ({self.settings.max_queue} requests in flight, autohet serve --max-queue)")
+        self.in_flight += 1
+        return Slot(self.bodies, self._leave)
+
+    def _leave(self) -> None:
+        self.in_flight -= 1
+
+    def admit(self, answer: Callable[[memoryview, Slot], Awaitable[Reply]], shared: bool) -> Reply | Admitted:
+        """An HTTP request let in (or 503): ``answer(body, slot)`` once its body is read, within
+        ``request_timeout_s``, its phases in ``Server-Timing``; its body in shared memory where ``shared``."""
+        slot = self.enter()
+        if isinstance(slot, Reply):
+            return slot
 
         def buffer(length: int) -> memoryview | None:
-            """An .npy body goes into shared memory, for replicas of this node to map (``shm``)."""
-            if media != rq.NPY_TYPE or self.bodies is None or (body := self.bodies.take(length)) is None:
-                return None
-            shared.append(body)
-            self.shm_bodies += 1
-            return body.view
+            view = slot.body(length) if shared else None
+            self.shm_bodies += view is not None
+            return view
 
         async def run(body: memoryview) -> Reply:
             reply = None
-            timing.lap("body")
+            slot.timing.lap("body")
             try:
-                reply = await self._timed(self._predict(media, with_logits, head.headers.get("accept", ""), body,
-                                                        shared[0] if shared else None, timing))
-                reply.headers["Server-Timing"] = timing.header()
+                reply = await self._timed(answer(body, slot))
+                reply.headers["Server-Timing"] = slot.timing.header()
                 return reply
             finally:
-                release(answered=reply is not None and reply.status == 200)
+                slot.release(answered=reply is not None and reply.status == 200)
 
-        return Admitted(run, release, buffer)
+        return Admitted(run, slot.release, buffer)
 
     def error(self, status: int, reason: str) -> Reply:
         """The listener's own refusals (a malformed request, headers too long, a stalled body)."""
-        return _json({"error": reason}, status)
+        return json_reply({"error": reason}, status)
 
     async def _timed(self, answer: Awaitable[Reply]) -> Reply:
         limit = self.settings.request_timeout_s
         try:
             return await asyncio.wait_for(answer, limit)
         except TimeoutError:
-            return _json({"error": f"not answered within {limit:g} s (autohet serve --request-timeout-s)"}, 408)
+            return json_reply({"error": f"not answered within {limit:g} s (autohet serve --request-timeout-s)"}, 408)
 
     async def _health(self) -> Reply:
         if self.draining:
-            return _busy("the service is shutting down")
+            return busy("the service is shutting down")
         try:
             infos = await asyncio.wait_for(self.replicas(), INFO_TIMEOUT_S)
         except Exception as exc:  # a replica still starting (or restarting) does not answer in time
-            return _busy(f"not ready: a replica did not answer within {INFO_TIMEOUT_S:g} s ({type(exc).__name__})")
-        return _json({"ready": True, "replicas": infos, "ingress": {"pid": os.getpid(), "shm_bodies": self.shm_bodies},
-                      "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
+            return busy(f"not ready: a replica did not answer within {INFO_TIMEOUT_S:g} s ({type(exc).__name__})")
+        return json_reply({"ready": True, "replicas": infos,
+                           "ingress": {"pid": os.getpid(), "shm_bodies": self.shm_bodies},
+                           "queue": {"in_flight": self.in_flight, "limit": self.settings.max_queue}}, 200)
 
-    async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview,
-                       shared: ShmBody | None, timing: Timing) -> Reply:
+    async def _predict(self, media: str, with_logits: bool, accept: str, body: memoryview, slot: Slot) -> Reply:
         try:
             if media == rq.NPY_TYPE:
                 images = rq.parse_npy(body, self.settings.input_shape, self.settings.model)
@@ -387,29 +354,34 @@ class Ingress:
                 images = await loop.run_in_executor(self._decoding(), rq.decode_image, bytes(body),  # pickled
                                                     self.settings.prep)
         except rq.BadRequest as exc:
-            return _json({"error": exc.reason}, exc.status, exc.headers)
+            return json_reply({"error": exc.reason}, exc.status, exc.headers)
+        timing = slot.timing
         timing.lap("parse")
         try:
-            outputs = await self._run(images, shared, timing)
+            outputs = await self._run(images, slot.shared, timing)
         except NoReplica as exc:
-            return _busy(str(exc))
+            return busy(str(exc))
         except Exception as exc:  # the runner refused or failed: this request fails, the service stays up
             log.exception("autohet serve: a request failed")
-            return _json({"error": f"inference failed: {last_line(exc)}"}, 500)
+            return json_reply({"error": f"inference failed: {last_line(exc)}"}, 500)
         if media == rq.NPY_TYPE:
             reply = Reply(200, rq.npy_bytes(outputs), rq.NPY_TYPE) if rq.NPY_TYPE in accept else \
-                _json(rq.outputs_body(outputs), 200)
+                json_reply(rq.outputs_body(outputs), 200)
         else:
-            reply = _json(rq.predict_body(outputs[0], with_logits), 200)
+            reply = json_reply(rq.predict_body(outputs[0], with_logits), 200)
         timing.lap("encode")
         return reply
 
-    async def _run(self, images: np.ndarray, shared: ShmBody | None = None,
-                   timing: Timing | None = None) -> np.ndarray:
+    async def learn(self) -> None:
+        """The replicas' speeds, batches and classes, asked once (replicas still starting are waited for)."""
         if not self.speeds:
             async with self.learned:
                 if not self.speeds:
                     await self.replicas()
+
+    async def _run(self, images: np.ndarray, shared: ShmBody | None = None,
+                   timing: Timing | None = None) -> np.ndarray:
+        await self.learn()
         if len(images) == 0:
             return np.zeros((0, self.classes), np.float32)
         timed = await self._send(images, set(), 0, shared)
@@ -498,14 +470,6 @@ class Ingress:
         task.add_done_callback(self.watchers.discard)
 
 
-def _json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> Reply:
-    return Reply(status, json.dumps(body, separators=(",", ":")).encode(), "application/json", dict(headers or {}))
-
-
-def _busy(reason: str) -> Reply:
-    return _json({"error": reason}, 503, {"Retry-After": str(RETRY_AFTER_S)})
-
-
 def _node_id() -> str | None:
     """This process's Ray node (None outside Ray: unit tests)."""
     try:
@@ -516,10 +480,6 @@ def _node_id() -> str | None:
         return None
 
 
-def _nothing() -> None:
-    """An admitted request with nothing to give back when its body never comes (``/healthz``)."""
-
-
 class ListeningIngress(Ingress):
     """The deployed ingress: an ``Ingress`` that listens on the service's port from its constructor (a
     process Serve starts again after a crash listens again)."""
@@ -528,6 +488,11 @@ class ListeningIngress(Ingress):
         super().__init__(settings, shm=True, **replicas)
         self.listener = Listener(self, bind_shared(settings.host, settings.port), settings.max_body,
                                  body_timeout_s=settings.request_timeout_s)
+        self.grpc = None
+        if settings.grpc_port is not None:  # the Open Inference Protocol's gRPC service, on the same loop
+            from autohet.service.oip_grpc import serve_grpc
+
+            self.grpc = serve_grpc(self, settings.host, settings.grpc_port, settings.max_body)
 
     def __del__(self) -> None:
         listener = getattr(self, "listener", None)

@@ -1,18 +1,28 @@
-"""The ingress's own HTTP/1.1 server: a buffered asyncio protocol on a socket bound with SO_REUSEPORT,
-so that several ingress processes listen on one port and the kernel shares the connections between
-them.
+"""The ingress's HTTP/1.1 server: requests framed by llhttp (Node.js's HTTP parser, through ``httptools``)
+in a buffered asyncio protocol on a socket bound with SO_REUSEPORT, so that several ingress processes
+listen on one port and the kernel shares the connections between them.
 
-Why not uvicorn (nor Serve's HTTP proxy before it): a request's body is read straight into one
-array of its declared length (``recv_into``, as much as the socket holds per call), not as 256 KiB
-``bytes`` chunks each handed through an ASGI receive, paused and resumed, then joined. On the H100
-box, with the rest of the ingress unchanged, its processes used 1.25 CPU seconds per GB of 9.6 MB
-bodies against 1.84 through uvicorn, and the service answered 1.14x the images (BENCHMARKS.md §21).
+Why llhttp: the framing (request line, headers, Content-Length against Transfer-Encoding, chunk sizes,
+line ends) decides where one request ends and the next begins; a parser that thousands of servers run
+gets it right where a hand-written one may not (request smuggling). llhttp refuses both framings in one
+request, duplicate or malformed lengths, bare LF line ends and obsolete line folding.
 
-What it speaks: HTTP/1.1 and 1.0, keep-alive, pipelined requests (one answered at a time),
-``Content-Length`` and chunked bodies, ``Expect: 100-continue``. The application sees a request's
-head first (``App.begin``) and refuses it there (the body, up to twice the limit, is read and
-dropped before the answer so a client still sending reads it, not a broken pipe) or admits it; an
-admitted request's body is then read and handed to it whole.
+Why not uvicorn (nor Serve's HTTP proxy): a Content-Length body is read straight into one array of
+its declared length (``recv_into``, as much as the socket holds per call), not as 256 KiB ``bytes``
+chunks each handed through an ASGI receive, then joined. llhttp frames the head and the bytes that
+came with it; the rest of such a body is not fed to it (httptools would copy each read to hand it
+over: on the 2-core box that cost the server 1.5x the CPU per GB of 9.6 MB bodies), and the next
+request starts on a new parser. On the H100 box, with the hand-written parser this replaces, the
+ingress used 1.25 CPU seconds per GB of 9.6 MB bodies against 1.84 through uvicorn, and the service
+answered 1.14x the images (BENCHMARKS.md §21).
+
+What it serves: HTTP/1.1 and 1.0, keep-alive, pipelined requests (each let in on its head and run at
+once, up to ``PIPELINE_DEPTH`` per connection, answered in order), ``Content-Length`` and chunked
+bodies, ``Expect: 100-continue``. The application sees a request's head first (``App.begin``) and
+refuses it there (a body of up to twice the limit is read and dropped before the answer, so a client
+still sending reads it, not a broken pipe) or admits it; an admitted request's body is then read and
+handed to it whole. A malformed request gets its 4xx (501 for a transfer coding other than chunked)
+after the answers before it, and the connection closes.
 """
 
 from __future__ import annotations
@@ -20,23 +30,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import parse_qsl, unquote
 
+import httptools
 import numpy as np
 
-__all__ = ["Admitted", "App", "Head", "Listener", "Reply", "bind_shared", "parse_head"]
+__all__ = ["Admitted", "App", "BadHead", "Head", "Listener", "Reply", "bind_shared", "parse_head"]
 
 log = logging.getLogger("autohet.service")
 
 HEAD_LIMIT = 64 * 1024  # request line and headers
-_HEX = re.compile(rb"[0-9A-Fa-f]{1,16}")
-CHUNK_READ = 256 * 1024  # reads of a chunked or dropped body
+HEAD_TIMEOUT_S = 10.0  # the longest a request's head may take to come whole (slowloris)
+CHUNK_READ = 256 * 1024  # reads of heads, chunked and dropped bodies
+PIPELINE_DEPTH = 16  # requests of one connection let in and not yet answered before reading pauses
 TICK_S = 0.5  # how often a connection checks its timeouts
 LINGER_S = 2.0  # how long a closing connection reads and drops what the client still sends
 
@@ -67,11 +79,7 @@ class Head:
     version: str  # "1.1" or "1.0"
     length: int | None  # Content-Length; None for a chunked body
     chunked: bool = False
-
-    @property
-    def keep_alive(self) -> bool:
-        said = self.headers.get("connection", "").lower()
-        return "keep-alive" in said if self.version == "1.0" else "close" not in said
+    keep_alive: bool = True  # llhttp's reading of the version and Connection
 
     @property
     def expects_continue(self) -> bool:
@@ -115,45 +123,74 @@ class BadHead(ValueError):
         self.status, self.reason = status, reason
 
 
+def _head(parser: httptools.HttpRequestParser, target: bytes, headers: dict[str, str]) -> Head:
+    """The head llhttp parsed, with what it leaves to the server refused (``BadHead``): another HTTP
+    version, a transfer coding other than chunked, a target that is not a path."""
+    version = parser.get_http_version()
+    if version not in ("1.1", "1.0"):
+        raise BadHead(400, f"HTTP/{version} is not served; send HTTP/1.1")
+    coding = headers.get("transfer-encoding")
+    if coding is not None and [c.strip().lower() for c in coding.split(",")] != ["chunked"]:
+        raise BadHead(501, f"transfer-encoding {coding!r} is not served; send a Content-Length or chunked")
+    try:
+        url = httptools.parse_url(target)
+    except httptools.HttpParserInvalidURLError:
+        raise BadHead(400, f"a malformed request target {target[:80]!r}; send a path") from None
+    length = None if coding is not None else int(headers.get("content-length", "0"))  # llhttp checked it
+    return Head(parser.get_method().decode("ascii"), unquote((url.path or b"/").decode("latin-1")),
+                dict(parse_qsl((url.query or b"").decode("latin-1"), keep_blank_values=True)), headers, version,
+                length, coding is not None, parser.should_keep_alive())
+
+
+class _HeadReader:
+    """llhttp's callbacks for ``parse_head``: the one request's line and headers."""
+
+    def __init__(self) -> None:
+        self.target, self.headers, self.head = bytearray(), {}, None
+        self.parser = httptools.HttpRequestParser(self)
+
+    def on_url(self, part: bytes) -> None:
+        self.target += part
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        _add_header(self.headers, name, value)
+
+    def on_headers_complete(self) -> None:
+        self.head = _head(self.parser, bytes(self.target), self.headers)
+
+
 def parse_head(raw: bytes) -> Head:
-    """The request line and headers (without the blank line ending them); ``BadHead`` (400) if malformed."""
-    lines = raw.split(b"\r\n")
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or parts[2] not in (b"HTTP/1.1", b"HTTP/1.0") or not parts[0].isalpha():
-        raise BadHead(400, f"a malformed request line {lines[0][:80]!r}; send HTTP/1.1")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not name or name != name.strip():
-            raise BadHead(400, f"a malformed header line {line[:80]!r}")
-        key, text = name.decode("latin-1").lower(), value.strip().decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-    chunked = headers.get("transfer-encoding", "").lower().rsplit(",", 1)[-1].strip() == "chunked"
-    if "transfer-encoding" in headers and not chunked:
-        raise BadHead(501, f"transfer-encoding {headers['transfer-encoding']!r} is not served; send a Content-Length")
-    length = None
-    if chunked:
-        if "content-length" in headers:
-            raise BadHead(400, "both Content-Length and a chunked transfer-encoding; send one of them")
-    else:
-        declared = headers.get("content-length", "0")
-        if not (declared.isascii() and declared.isdigit()):
-            raise BadHead(400, f"Content-Length {declared!r} is not a number of bytes")
-        length = int(declared)
-    target, _, query = parts[1].decode("latin-1").partition("?")
-    return Head(parts[0].decode("ascii").upper(), unquote(target), dict(parse_qsl(query, keep_blank_values=True)),
-                headers, parts[2][5:].decode("ascii"), length, chunked)
+    """A request line and headers (without the blank line ending them) as llhttp reads them; ``BadHead``
+    if malformed. For the application's tests: the server parses heads as they come."""
+    reader = _HeadReader()
+    try:
+        reader.parser.feed_data(raw + b"\r\n\r\n")
+    except httptools.HttpParserCallbackError as exc:
+        if isinstance(exc.__context__, BadHead):
+            raise exc.__context__ from None
+        raise
+    except httptools.HttpParserError as exc:
+        raise BadHead(400, f"a malformed request ({exc})") from None
+    if reader.head is None:
+        raise BadHead(400, "an incomplete request head")
+    return reader.head
+
+
+def _add_header(headers: dict[str, str], name: bytes, value: bytes) -> None:
+    key, text = name.decode("latin-1").lower(), value.decode("latin-1").strip()
+    headers[key] = f"{headers[key]}, {text}" if key in headers else text
 
 
 class Listener:
     """Serves ``app`` on ``sock`` from the running event loop until ``stop``. ``max_body``: the longest
-    body read (a chunked one past it gets 413); ``body_timeout_s``: the longest wait for a request's
-    next bytes once it started (408); ``keep_alive_s``: how long an idle connection stays open."""
+    body read (a chunked one past it gets 413); ``body_timeout_s``: the longest wait for a body's next
+    bytes (408); ``head_timeout_s``: the longest a head may take to come whole (408);
+    ``keep_alive_s``: how long an idle connection stays open."""
 
     def __init__(self, app: App, sock: socket.socket, max_body: int, keep_alive_s: float = 5.0,
-                 body_timeout_s: float = 60.0) -> None:
+                 body_timeout_s: float = 60.0, head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
         self.app, self.max_body = app, max_body
-        self.keep_alive_s, self.body_timeout_s = keep_alive_s, body_timeout_s
+        self.keep_alive_s, self.body_timeout_s, self.head_timeout_s = keep_alive_s, body_timeout_s, head_timeout_s
         self.loop = asyncio.get_running_loop()
         self.connections: set[_Connection] = set()
         self.stopping = False
@@ -166,7 +203,7 @@ class Listener:
         self.server = await self.loop.create_server(lambda: _Connection(self), sock=self.sock)
 
     def stop(self) -> None:
-        """No new connections; idle ones close now, the others after their current request."""
+        """No new connections; idle ones close now, the others after their current requests."""
         self.stopping = True
         server = getattr(self, "server", None)
         if server is not None:
@@ -175,27 +212,50 @@ class Listener:
             connection.close_if_idle()
 
 
+@dataclass(eq=False)
+class _Exchange:
+    """One request of a connection, from its first byte to its answer written."""
+
+    started: float
+    target: bytearray = field(default_factory=bytearray)
+    headers: dict[str, str] = field(default_factory=dict)
+    head_bytes: int = 0  # its line's and headers' bytes so far
+    fed_after: int = -1  # bytes fed after the read it began in, while its head is incomplete
+    head: Head | None = None
+    admitted: Admitted | None = None
+    body: memoryview | None = None  # a Content-Length body's memory
+    chunks: bytearray | None = None  # a chunked body's data so far
+    got: int = 0
+    complete: bool = False  # all of it read
+    reply: Reply | None = None
+    close_after: bool = False  # its answer goes before its body is read, or ends the connection
+    continued: bool = False  # 100 Continue sent
+
+    def release(self) -> None:
+        """Its admission given back where its body will not come."""
+        if self.admitted is not None and not self.complete:
+            self.admitted.release()
+            self.admitted = None
+
+
 class _Connection(asyncio.BufferedProtocol):
-    """One client connection: reads heads into ``head``, bodies straight into their own array."""
+    """One client connection: llhttp is fed what comes; ``queue`` holds its requests not yet answered,
+    in order; a Content-Length body is read into its own memory (``direct``)."""
 
     def __init__(self, listener: Listener) -> None:
         self.listener, self.loop = listener, listener.loop
         self.transport: asyncio.Transport | None = None
-        self.head = bytearray(HEAD_LIMIT)
-        self.filled = 0  # bytes in ``head``: a head being read, or what a client sent past a body
-        self.state = "head"  # head | body | chunked | drain | busy | linger | closed
-        self.request: Head | None = None
-        self.admitted: Admitted | None = None
-        self.refusal: Reply | None = None
-        self.body = memoryview(b"")
-        self.got = 0
-        self.scratch = bytearray()
-        self.chunks = bytearray()  # a chunked body's data so far
-        self.framing = bytearray()  # a chunked body's bytes not yet parsed
+        self.parser = httptools.HttpRequestParser(self)
+        self.scratch = bytearray(CHUNK_READ)
+        self.queue: deque[_Exchange] = deque()
+        self.reading: _Exchange | None = None  # the request whose bytes are being parsed
+        self.direct = False  # reads go straight into ``reading``'s body
+        self.state = "open"  # open | done (no more requests read) | linger | closed
+        self.paused = False
+        self.half_closed = False
         self.last = self.loop.time()
         self.timer: asyncio.TimerHandle | None = None
         self.linger_since = 0.0
-        self.half_closed = False
 
     # --- asyncio's calls ------------------------------------------------------------------------------
 
@@ -205,264 +265,299 @@ class _Connection(asyncio.BufferedProtocol):
         self.timer = self.loop.call_later(TICK_S, self._tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.state in ("body", "chunked") and self.admitted is not None:
-            self.admitted.release()
+        for exchange in self.queue:
+            exchange.release()
         self.state = "closed"
         self.listener.connections.discard(self)
         if self.timer is not None:
             self.timer.cancel()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        if self.state == "body":
-            return self.body[self.got :]
-        if self.state in ("chunked", "drain", "linger"):
-            if len(self.scratch) < CHUNK_READ:
-                self.scratch = bytearray(CHUNK_READ)
-            view = memoryview(self.scratch)
-            return view[: min(CHUNK_READ, self.got)] if self.state == "drain" else view
-        return memoryview(self.head)[self.filled :]
+        if self.direct:
+            exchange = self.reading
+            assert exchange is not None and exchange.body is not None
+            return exchange.body[exchange.got :]
+        return memoryview(self.scratch)
 
     def buffer_updated(self, nbytes: int) -> None:
         self.last = self.loop.time()
-        if self.state == "body":
-            self.got += nbytes
-            if self.got == len(self.body):
-                self._run(self.body)
-        elif self.state == "chunked":
-            self.framing += memoryview(self.scratch)[:nbytes]
-            self._parse_chunks()
-        elif self.state == "drain":
-            self.got -= nbytes
-            if self.got == 0:
-                self._answer_refusal()
-        elif self.state != "linger":  # lingering: read into scratch and dropped, the connection closes
-            self.filled += nbytes
-            if self.state == "head":
-                self._parse_head()
-            elif self.filled == len(self.head) and self.transport is not None:
-                self.transport.pause_reading()  # pipelined requests fill the head buffer: wait
+        if self.state != "open":  # what comes after the last request, or while closing: dropped
+            return
+        if self.direct:
+            self._read_in_place(nbytes)
+            return
+        try:
+            self.parser.feed_data(memoryview(self.scratch)[:nbytes])
+        except httptools.HttpParserUpgrade:  # no protocol switch: answered, then the connection ends
+            self.state = "done"
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, BadHead):
+                self._fail(exc.__context__.status, exc.__context__.reason)
+            else:
+                log.error("autohet serve: a request's head failed", exc_info=exc.__context__)
+                self._fail(500, "the service failed to take this request")
+        except httptools.HttpParserError as exc:
+            if self.state == "open":  # else: bytes after a request that ended the connection
+                self._fail(400, f"a malformed request ({exc}); send HTTP/1.1")
+        self._after_read(nbytes)
 
     def eof_received(self) -> bool:
-        """The client sent all it will: the requests it sent (one being answered, pipelined ones) still
-        get their answers, then the connection closes."""
-        if self.state == "busy" or (self.state == "head" and self.filled):
+        """The client sent all it will: the requests it sent whole still get their answers, then the
+        connection closes; one cut off is given up."""
+        exchange = self.reading
+        if exchange is not None and not exchange.complete:
+            exchange.release()
+            with contextlib.suppress(ValueError):
+                self.queue.remove(exchange)
+            self.reading, self.direct = None, False
+        if self.queue:
             self.half_closed = True
+            if self.state == "open":
+                self.state = "done"
             return True
         return False
 
+    # --- llhttp's calls -------------------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self.reading = _Exchange(self.loop.time())
+        self.queue.append(self.reading)
+
+    def on_url(self, part: bytes) -> None:
+        self._head_part(part)
+        assert self.reading is not None
+        self.reading.target += part
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_part(name, value)
+        assert self.reading is not None
+        _add_header(self.reading.headers, name, value)
+
+    def on_headers_complete(self) -> None:
+        exchange = self.reading
+        assert exchange is not None
+        exchange.head = _head(self.parser, bytes(exchange.target), exchange.headers)
+        if self.state == "open":  # else: the connection is closing; nothing more is let in
+            self._decide(exchange)
+
+    def on_body(self, part: bytes) -> None:
+        exchange = self.reading
+        assert exchange is not None
+        if exchange.body is not None:
+            if exchange.got + len(part) > len(exchange.body):
+                raise BadHead(400, "the body is longer than its Content-Length")
+            exchange.body[exchange.got : exchange.got + len(part)] = part
+            exchange.got += len(part)
+        elif exchange.chunks is not None:
+            size = len(exchange.chunks) + len(part)
+            if size > self.listener.max_body:
+                from autohet.service.requests import too_large
+
+                exchange.release()
+                exchange.chunks = None  # the rest of it is dropped
+                self._refuse(exchange, self.listener.app.error(413, too_large(size, self.listener.max_body)),
+                             early=True)
+                return
+            exchange.chunks += part
+
+    def on_message_complete(self) -> None:
+        exchange = self.reading
+        assert exchange is not None and exchange.head is not None
+        if exchange.body is not None and exchange.got != len(exchange.body):  # llhttp counts as we do
+            raise BadHead(400, "the body ended before its Content-Length")
+        self._complete(exchange)
+
     # --- a request's parts ----------------------------------------------------------------------------
 
-    def _parse_head(self) -> None:
-        end = self.head.find(b"\r\n\r\n", 0, self.filled)
-        if end < 0:
-            if self.filled == len(self.head):
-                self._fail(431, f"the request line and headers are over {HEAD_LIMIT} bytes")
-            return
+    def _read_in_place(self, nbytes: int) -> None:
+        """A Content-Length body's bytes read straight into its memory. llhttp, which validated the length
+        and took the bytes that came with the head, is not fed the rest (it would only count them, and
+        httptools would copy each read for it): once the body is whole, the next request starts on a new
+        parser, as llhttp would have gone on after it."""
+        exchange = self.reading
+        assert exchange is not None and exchange.body is not None
+        exchange.got += nbytes
+        if exchange.got == len(exchange.body):
+            self.parser = httptools.HttpRequestParser(self)
+            self._complete(exchange)
+
+    def _complete(self, exchange: _Exchange) -> None:
+        """A request read whole: run where admitted, answered in turn."""
+        assert exchange.head is not None
+        exchange.complete = True
+        self.reading, self.direct = None, False
+        if not exchange.head.keep_alive and self.state == "open":
+            self.state = "done"  # HTTP/1.0 or Connection: close: nothing after it is read
+        admitted = exchange.admitted
+        if admitted is not None:
+            body = exchange.body if exchange.body is not None else memoryview(exchange.chunks or b"")
+            self.loop.create_task(self._answer(exchange, admitted, body))
+        self._flush()
+
+    def _head_part(self, *parts: bytes) -> None:
+        exchange = self.reading
+        assert exchange is not None
+        exchange.head_bytes += sum(len(p) + 2 for p in parts)
+        if exchange.head_bytes > HEAD_LIMIT:
+            raise BadHead(431, f"the request line and headers are over {HEAD_LIMIT} bytes")
+
+    def _decide(self, exchange: _Exchange) -> None:
+        """The application's verdict on a head: refused (answered after its body is read and dropped, or
+        at once where that body is not read) or admitted, its body's memory ready."""
+        head = exchange.head
+        assert head is not None
         try:
-            request = parse_head(bytes(self.head[:end]))
-        except BadHead as exc:
-            self._fail(exc.status, exc.reason)
-            return
-        self._keep(end + 4)
-        self.request = request
-        try:
-            verdict = self.listener.app.begin(request)
+            verdict = self.listener.app.begin(head)
         except Exception:  # the application's own bug: this request fails, the connection closes
             log.exception("autohet serve: a request's head failed")
-            self._fail(500, "the service failed to take this request")
+            self._refuse(exchange, self.listener.app.error(500, "the service failed to take this request"), early=True)
             return
         if isinstance(verdict, Reply):
-            self._refuse(verdict)
+            self._refuse(exchange, verdict)
             return
-        if not request.chunked and (request.length or 0) > self.listener.max_body:  # whatever the app said
+        if not head.chunked and (head.length or 0) > self.listener.max_body:  # whatever the app said
             from autohet.service.requests import too_large
 
             verdict.release()
-            self._refuse(self.listener.app.error(413, too_large(request.length or 0, self.listener.max_body)))
+            self._refuse(exchange, self.listener.app.error(413, too_large(head.length or 0, self.listener.max_body)))
             return
-        self.admitted = verdict
-        if request.chunked:
-            self.chunks, self.framing = bytearray(), bytearray(self._take(len(self.head)))
-            self.state = "chunked"
-            self._continue()
-            self._parse_chunks()
-            return
-        length = request.length or 0
-        try:
-            given = verdict.buffer(length) if verdict.buffer is not None and length else None
-        except Exception:  # the app's memory for the body failed: the server's own
-            log.exception("autohet serve: a body's buffer failed")
-            given = None
-        self.body = given if given is not None else memoryview(np.empty(length, np.uint8))
-        first = self._take(len(self.body))
-        self.body[: len(first)] = first
-        self.got = len(first)
-        if self.got == len(self.body):
-            self._run(self.body)
+        exchange.admitted = verdict
+        if head.chunked:
+            exchange.chunks = bytearray()
         else:
-            self.state = "body"
-            self._continue()
+            length = head.length or 0
+            try:
+                given = verdict.buffer(length) if verdict.buffer is not None and length else None
+            except Exception:  # the app's memory for the body failed: the server's own
+                log.exception("autohet serve: a body's buffer failed")
+                given = None
+            exchange.body = given if given is not None else memoryview(np.empty(length, np.uint8))
+        self._continue()
 
-    def _keep(self, start: int) -> None:
-        """Drops ``head[:start]``: what follows (a body's first bytes, the next request) moves to the front."""
-        rest = self.filled - start
-        self.head[:rest] = self.head[start : self.filled]
-        self.filled = rest
-
-    def _take(self, most: int) -> bytes:
-        """Up to ``most`` bytes from the front of ``head`` (a body's first bytes read with its head)."""
-        taken = bytes(self.head[: min(most, self.filled)])
-        self._keep(len(taken))
-        return taken
+    def _refuse(self, exchange: _Exchange, reply: Reply, early: bool = False) -> None:
+        """A refusal, answered once its body (up to twice the limit) is read and dropped, so that the
+        client reads it; at once, the connection then closing, where that body is not read."""
+        head = exchange.head
+        exchange.reply = reply
+        if early or head is None or head.chunked or head.expects_continue or \
+                (head.length or 0) > 2 * self.listener.max_body:
+            exchange.close_after = True
+            self._flush()
 
     def _continue(self) -> None:
-        if self.request is not None and self.request.expects_continue and self.transport is not None:
+        """100 Continue for the first unanswered request, admitted and waiting for its body."""
+        exchange = self.queue[0] if self.queue else None
+        if exchange is None or exchange.continued or exchange.complete or exchange.admitted is None:
+            return
+        if exchange.head is not None and exchange.head.expects_continue and self.transport is not None:
+            exchange.continued = True
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    def _refuse(self, reply: Reply) -> None:
-        """A refusal: its body (up to twice the limit) read and dropped first, so the client reads it."""
-        request = self.request
-        assert request is not None
-        self.refusal = reply
-        if request.chunked or request.expects_continue or (request.length or 0) > 2 * self.listener.max_body:
-            self._write(reply, keep_alive=False, head_only=request.method == "HEAD")  # not read: then closed
-            return
-        self.got = (request.length or 0) - len(self._take(request.length or 0))
-        if self.got == 0:
-            self._answer_refusal()
+    def _after_read(self, nbytes: int) -> None:
+        """After llhttp took a read: where the next read goes, a head that never ends refused, reading
+        paused while the connection's requests wait for their answers."""
+        exchange = self.reading
+        if self.state != "open" or exchange is None:
+            self.direct = False
         else:
-            self.state = "drain"
-
-    def _answer_refusal(self) -> None:
-        assert self.refusal is not None and self.request is not None
-        self._write(self.refusal, keep_alive=self.request.keep_alive, head_only=self.request.method == "HEAD")
-        self.refusal = None
-        self._next()
-
-    def _parse_chunks(self) -> None:
-        """Chunk sizes and data out of ``framing`` into ``chunks``; the whole body run once the last came."""
-        framing = self.framing
-        while True:
-            line_end = framing.find(b"\r\n")
-            if line_end < 0:
-                if len(framing) > 1024:
-                    self._fail(400, "a malformed chunk size line in a chunked body")
-                return
-            size_text = bytes(framing[:line_end]).split(b";", 1)[0].strip()
-            if not _HEX.fullmatch(size_text):
-                self._fail(400, f"a malformed chunk size {size_text[:20]!r} in a chunked body")
-                return
-            size = int(size_text, 16)
-            if size == 0:  # the last chunk, then trailers up to an empty line
-                end = framing.find(b"\r\n\r\n", line_end)
-                if end < 0:
-                    if len(framing) > HEAD_LIMIT:
-                        self._fail(431, f"a chunked body's trailers are over {HEAD_LIMIT} bytes")
+            if exchange.head is None:  # its head's bytes after the read it began in: a lower bound of its size
+                exchange.fed_after = 0 if exchange.fed_after < 0 else exchange.fed_after + nbytes
+                if exchange.fed_after > HEAD_LIMIT:
+                    self._fail(431, f"the request line and headers are over {HEAD_LIMIT} bytes")
                     return
-                rest = bytes(framing[end + 4 :])
-                self.head[: len(rest)] = rest
-                self.filled = len(rest)
-                self._run(memoryview(self.chunks))
-                return
-            if len(self.chunks) + size > self.listener.max_body:
-                from autohet.service.requests import too_large
-
-                assert self.admitted is not None
-                self.admitted.release()
-                self.admitted = None
-                self._write(self.listener.app.error(413, too_large(len(self.chunks) + size, self.listener.max_body)),
-                            keep_alive=False)
-                return
-            if len(framing) < line_end + 2 + size + 2:
-                return
-            self.chunks += framing[line_end + 2 : line_end + 2 + size]
-            del framing[: line_end + 2 + size + 2]
-
-    def _run(self, body: memoryview) -> None:
-        """The admitted request's answer, on a task; bytes of pipelined requests are read into ``head``
-        meanwhile until it is full, then reading pauses until the answer is written."""
-        self.state = "busy"
-        if self.filled >= len(self.head) and self.transport is not None:
+            self.direct = exchange.admitted is not None and exchange.body is not None and \
+                exchange.got < len(exchange.body)
+        if len(self.queue) >= PIPELINE_DEPTH and not self.paused and self.transport is not None:
+            self.paused = True
             self.transport.pause_reading()
-        admitted, request = self.admitted, self.request
-        assert admitted is not None and request is not None
-        self.admitted = None
-        self.loop.create_task(self._answer(admitted, request, body))
 
-    async def _answer(self, admitted: Admitted, request: Head, body: memoryview) -> None:
+    async def _answer(self, exchange: _Exchange, admitted: Admitted, body: memoryview) -> None:
         try:
-            reply = await admitted.run(body)
+            exchange.reply = await admitted.run(body)
         except Exception:  # the application's own bug: this request fails, the service stays up
             log.exception("autohet serve: a request failed")
-            reply = self.listener.app.error(500, "the service failed to answer this request")
-        if self.state == "closed":
-            return
-        self._write(reply, keep_alive=request.keep_alive, head_only=request.method == "HEAD")
-        self._next()
+            exchange.reply = self.listener.app.error(500, "the service failed to answer this request")
+        self._flush()
 
-    def _next(self) -> None:
-        """The connection's next request (already in ``head`` if pipelined), or its close."""
-        if self.state in ("closed", "linger") or self.transport is None or self.transport.is_closing():
+    def _flush(self) -> None:
+        """Writes the answers that are ready, in the order of their requests."""
+        while self.queue and self.state != "closed":
+            exchange = self.queue[0]
+            if exchange.reply is None or not (exchange.complete or exchange.close_after):
+                break
+            self.queue.popleft()
+            head = exchange.head
+            keep = head is not None and head.keep_alive and not exchange.close_after and not self.listener.stopping
+            if self.transport is None or self.transport.is_closing():
+                return
+            self.transport.write(exchange.reply.encode(keep, head_only=head is not None and head.method == "HEAD"))
+            self.last = self.loop.time()  # the keep-alive wait starts now
+            if not keep:
+                exchange.release()
+                self._linger()
+                return
+        if self.state == "closed" or self.transport is None:
             return
-        if self.listener.stopping or (self.half_closed and not self.filled):
+        self._continue()
+        if self.half_closed and not self.queue:
             self.transport.close()
-            return
-        self.state, self.request, self.body, self.got = "head", None, memoryview(b""), 0
-        self.last = self.loop.time()  # the keep-alive wait starts now, not when the request's bytes came
-        self.transport.resume_reading()
-        if self.filled:  # a pipelined request: parsed on the loop's next turn (no recursion per request)
-            self.loop.call_soon(self._parse_pipelined)
-
-    def _parse_pipelined(self) -> None:
-        if self.state == "head" and self.filled:
-            self._parse_head()
-
-    def _write(self, reply: Reply, keep_alive: bool, head_only: bool = False) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        keep = keep_alive and not self.listener.stopping
-        self.transport.write(reply.encode(keep, head_only))
-        if not keep:
-            self._linger()
+        elif self.paused and len(self.queue) < PIPELINE_DEPTH:
+            self.paused = False
+            self.transport.resume_reading()
 
     def _linger(self) -> None:
         """Closes after the answer without losing it: sending done (FIN), what the client still sends read
         and dropped until it closes too or ``LINGER_S`` pass (closing with unread bytes would send a reset,
         and a reset can discard the answer before the client reads it)."""
         assert self.transport is not None
-        self.state, self.linger_since = "linger", self.loop.time()
+        for exchange in self.queue:  # requests after the last answer: never answered
+            exchange.release()
+        self.queue.clear()
+        self.state, self.linger_since, self.direct = "linger", self.loop.time(), False
         if self.transport.can_write_eof():
             self.transport.write_eof()
         else:
             self.transport.close()
-        self.transport.resume_reading()
+        if self.paused:
+            self.paused = False
+            self.transport.resume_reading()
 
     def _fail(self, status: int, reason: str) -> None:
-        """A request the server cannot read on: its error, and the connection closes."""
-        if self.admitted is not None:
-            self.admitted.release()
-            self.admitted = None
-        head_only = self.request is not None and self.request.method == "HEAD"
-        self._write(self.listener.app.error(status, reason), keep_alive=False, head_only=head_only)
+        """A request the server cannot read on: its error after the answers before it, then the close."""
+        exchange = self.reading
+        if exchange is None:
+            exchange = _Exchange(self.loop.time())
+            self.queue.append(exchange)
+        exchange.release()
+        self.reading, self.direct = None, False
+        if self.state == "open":
+            self.state = "done"
+        exchange.reply, exchange.close_after = self.listener.app.error(status, reason), True
+        self._flush()
 
     def _tick(self) -> None:
-        """Closes an idle connection after ``keep_alive_s``; a request whose bytes stop coming gets 408."""
+        """Closes an idle connection after ``keep_alive_s``; a head or body whose bytes stop coming gets 408."""
         if self.state == "closed" or self.transport is None:
             return
-        idle = self.loop.time() - self.last
-        waiting = self.state == "head" and self.filled == 0  # between requests: keep-alive's limit only
-        if waiting and idle > self.listener.keep_alive_s:
-            self.transport.close()
-            return
+        now, exchange = self.loop.time(), self.reading
         if self.state == "linger":
-            if self.loop.time() - self.linger_since > LINGER_S:
+            if now - self.linger_since > LINGER_S:
                 self.transport.close()
                 return
-        elif self.state != "busy" and not waiting and idle > self.listener.body_timeout_s:
-            self._fail(408, f"the request's bytes stopped coming for {idle:.0f} s; send the whole request")
+        elif exchange is not None and exchange.head is None:
+            if now - exchange.started > self.listener.head_timeout_s:
+                self._fail(408, f"the request's head did not come whole within {self.listener.head_timeout_s:g} s; "
+                                "send the whole request")
+        elif exchange is not None:
+            if now - self.last > self.listener.body_timeout_s:
+                self._fail(408, f"the request's bytes stopped coming for {now - self.last:.0f} s; send the whole "
+                                "request")
+        elif not self.queue and now - self.last > self.listener.keep_alive_s:
+            self.transport.close()
+            return
         self.timer = self.loop.call_later(TICK_S, self._tick)  # a lingering close still ends on time
 
     def close_if_idle(self) -> None:
-        if self.state == "head" and self.filled == 0 and self.transport is not None:
+        if not self.queue and self.reading is None and self.transport is not None:
             with contextlib.suppress(Exception):
                 self.transport.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import secrets
 import socket
 import time
@@ -49,11 +50,18 @@ class ServiceOptions:
     request_timeout_s: float = 60.0
     metrics_port: int | None = None
     ingress_procs: int | None = None  # None: by the cores the config leaves free (``ingress_count``)
+    grpc_port: int | None = None  # the Open Inference Protocol's gRPC service (None: not served)
+    name: str | None = None  # the model's name in the protocol (None: the config's model)
 
     def check(self) -> None:
-        for flag, port in (("--port", self.port), ("--metrics-port", self.metrics_port)):
+        ports = (("--port", self.port), ("--metrics-port", self.metrics_port), ("--grpc-port", self.grpc_port))
+        for flag, port in ports:
             if port is not None and not 1 <= port <= 65535:
                 raise UserError(f"{flag} must be a TCP port between 1 and 65535, got {port}")
+        if self.grpc_port is not None and self.grpc_port in (self.port, self.metrics_port):
+            raise UserError(f"--grpc-port {self.grpc_port} is another flag's port too; give it a port of its own")
+        if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
+            raise UserError(f"--name {self.name!r}: use letters, digits, '_', '.' and '-' (it is a URL path part)")
         if self.batch_wait_ms < 0:
             raise UserError(f"--batch-wait-ms must be 0 or more milliseconds, got {self.batch_wait_ms:g}")
         if self.max_queue < 1:
@@ -109,7 +117,7 @@ class Service:
         self.metrics_url: str | None = None
         self._owns_ray = False
         self._serve_started = False
-        self._reserved: socket.socket | None = None
+        self._reserved: list[socket.socket] = []
         # names the ingresses' shared-memory bodies (``shm``): this driver's, unlike any other's on the machine
         self.service_tag = f"s{os.getpid()}x{secrets.token_hex(4)}"
 
@@ -131,10 +139,12 @@ class Service:
         prep = preprocessing_for(shape, config.preprocess, where)
         specs = plan_replicas(config, where)
         check_port_free(opts.host, opts.port, "--port")
+        if opts.grpc_port is not None:
+            check_port_free(opts.host, opts.grpc_port, "--grpc-port")
         # held until close: the kernel gives no explicitly bound port to an outgoing connection, so none of
         # Ray's processes' connections can take it before the ingresses bind it, after the replicas have
         # loaded (a service on the H100 box once failed to start there on EADDRINUSE without this)
-        self._reserved = bind_shared(opts.host, opts.port)
+        self._reserved = [bind_shared(opts.host, port) for port in (opts.port, opts.grpc_port) if port is not None]
         if opts.metrics_port is not None and not opts.address:
             check_port_free("0.0.0.0", opts.metrics_port, "--metrics-port")
         import ray
@@ -165,7 +175,7 @@ class Service:
         self.queue_share = max(1, opts.max_queue // self.ingresses)
         settings = IngressSettings(opts.host, opts.port, config.model.name, shape, prep, self.queue_share,
                                    opts.max_body, busy, max(1, free // self.ingresses), opts.request_timeout_s,
-                                   self.service_tag)
+                                   self.service_tag, opts.name or config.model.name, opts.grpc_port)
         app = build_app(config, specs, settings, self.ingresses, opts.batch_wait_ms / 1000.0, driver_node)
         try:
             self.ingress = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=_QUIET)
@@ -193,9 +203,8 @@ class Service:
         import io
         import sys
 
-        if self._reserved is not None:
-            self._reserved.close()
-            self._reserved = None
+        while self._reserved:
+            self._reserved.pop().close()
         ray = sys.modules.get("ray")
         if ray is None or not ray.is_initialized():
             return
@@ -223,8 +232,11 @@ class Service:
         opts, cfg = self.options, self.config
         n, each = self.ingresses, self.queue_share
         share = "" if n == 1 else f" (each of {n} ingress processes at most {each})"
+        name = opts.name or cfg.model.name
+        grpc = f", gRPC at {self.options.host}:{opts.grpc_port}" if opts.grpc_port is not None else ""
         lines = [f"autohet: serving {opts.config} ({cfg.model.name}, {cfg.strategy}, {cfg.objective}) at {self.url}: "
-                 f"POST /v1/predict, GET /healthz; at most {n * each} requests in flight"
+                 f"POST /v1/predict, GET /healthz; Open Inference Protocol v2 as model {name!r} "
+                 f"(POST /v2/models/{name}/infer{grpc}); at most {n * each} requests in flight"
                  f"{share} (503 past them), bodies up to {opts.max_body_mb:g} MB"]
         parts = []
         for r in self.replicas:
