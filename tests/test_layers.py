@@ -186,3 +186,13 @@ def test_the_checker_reports_upward_lazy_type_only_imports_and_circles(tmp_path)
     assert upward(by_name, "autohet.platform.registry") == ["autohet.tuning.tuner"]
     assert upward(graph, "autohet.context") == upward(graph, "autohet.core.errors") == []
     assert import_circles(graph) == [["autohet.core.errors", "autohet.core.workload"]]
+
+
+# the service reaches devices and the cluster through the runtime (``autohet.load``, ``runtime.hosting``)
+SERVICE_MAY_NOT_IMPORT = ("autohet.executors", "autohet.pool", "autohet.block_runners", "autohet.engine")
+
+
+@pytest.mark.parametrize("module", sorted(m for m in BY_NAME if m.startswith("autohet.service")))
+def test_the_service_reaches_devices_through_the_runtime(module: str) -> None:
+    direct = sorted(t for t in BY_NAME[module] if t.startswith(SERVICE_MAY_NOT_IMPORT))
+    assert not direct, f"{module} imports {direct}; go through autohet.load or autohet.runtime.hosting"

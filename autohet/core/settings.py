@@ -11,11 +11,12 @@ import os
 from dataclasses import dataclass
 
 __all__ = [
-    "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CLOSE_TO_BEST", "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S",
-    "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE", "GPU_BOX_GROUP",
-    "KEEP_VARIANTS_MIN_AVAILABLE", "MANAGER_ANSWER_S", "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S",
-    "OBJECT_STORE_BYTES", "PIECES_AHEAD", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "SPEED_PIECES",
-    "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
+    "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CHUNK_READ", "CLOSE_TO_BEST",
+    "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE",
+    "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
+    "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "OBJECT_STORE_BYTES", "PIECES_AHEAD",
+    "PIPELINE_DEPTH", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "RETRIES", "RETRY_DELAY_S",
+    "SPEED_PIECES", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
 ]
 
 # --- measurement ------------------------------------------------------------------------------------------
@@ -102,6 +103,33 @@ PIECES_AHEAD = 2
 WINDOWS_AHEAD = 3
 """Windows a multi-executor stream splits and queues before the first of them is handed back."""
 
+
+# --- the service (``autohet serve``) ----------------------------------------------------------------------
+
+HEAD_LIMIT = 64 * 1024
+"""A request's line and headers are at most this many bytes (431 past it)."""
+
+HEAD_TIMEOUT_S = 10.0
+"""The longest a request's head may take to come whole (408; slowloris)."""
+
+CHUNK_READ = 256 * 1024
+"""The size of a connection's reads of heads, chunked and dropped bodies."""
+
+PIPELINE_DEPTH = 16
+"""Requests of one connection let in and not yet answered before its reading pauses."""
+
+TICK_S = 0.5
+"""How often a connection checks its timeouts."""
+
+LINGER_S = 2.0
+"""How long a closing connection reads and drops what the client still sends (a close with unread bytes
+sends a reset, which can discard the answer before the client reads it)."""
+
+RETRIES = 6
+"""Attempts at a chunk whose replicas die under it (a dead one is waited on longer each time)."""
+
+RETRY_DELAY_S = 1.0
+"""The first wait before a chunk is sent again; each attempt waits this much longer."""
 
 # --- environment variables --------------------------------------------------------------------------------
 

@@ -211,6 +211,38 @@ def build_blocks(gm: fx.GraphModule, model: str, batch: int, input_shape: tuple[
     return _assemble(gm, nodes, placeholders[0], groups, model, batch, input_shape, tracer)
 
 
+def _block_names(gm: fx.GraphModule, nodes: list[fx.Node], groups: list[tuple[list[int], str, int]]) -> list[str]:
+    """Each group's block name: its stage's label (the module path its nodes share), ``.join`` for a
+    stage's join, ``stage[span]`` for a part of a stage; unique over the graph."""
+    stage_labels: dict[int, list[int]] = {}
+    for members, _, s in groups:
+        stage_labels.setdefault(s, []).extend(members)
+    stage_names = dict(zip(stage_labels, _unique_names(
+        [_label(gm, [nodes[i] for i in sorted(m)]) for m in stage_labels.values()]), strict=True))
+    raw_names = []
+    for members, kind, s in groups:
+        if kind == "stage":
+            raw_names.append((stage_names[s], stage_names[s]))
+        elif kind == "join":
+            raw_names.append((f"{stage_names[s]}.join", f"{stage_names[s]}.join"))
+        else:
+            pre, span = _label(gm, [nodes[i] for i in members])
+            raw_names.append((pre if pre.startswith(stage_names[s]) else "", f"{stage_names[s]}[{span}]"))
+    return _unique_names(raw_names)
+
+
+def _parameters(gm: fx.GraphModule, nodes: list[fx.Node]) -> int:
+    """The parameters the nodes use, each counted once."""
+    seen: set[int] = set()
+    count = 0
+    for n in nodes:
+        for t in node_params(gm, n):
+            if id(t) not in seen and isinstance(t, torch.nn.Parameter):
+                seen.add(id(t))
+                count += t.numel()
+    return count
+
+
 def _assemble(gm: fx.GraphModule, nodes: list[fx.Node], placeholder: fx.Node,
               groups: list[tuple[list[int], str, int]], model: str, batch: int,
               input_shape: tuple[int, ...], tracer: str) -> BlockGraph:
@@ -225,21 +257,7 @@ def _assemble(gm: fx.GraphModule, nodes: list[fx.Node], placeholder: fx.Node,
     if not isinstance(result, fx.Node) or result not in owner:
         raise UserError("partition supports models that return one tensor computed by the model; "
                         "wrap the model so forward returns a single tensor")
-    stage_labels = {}
-    for members, _, s in groups:
-        stage_labels.setdefault(s, []).extend(members)
-    stage_names = dict(zip(stage_labels, _unique_names(
-        [_label(gm, [nodes[i] for i in sorted(m)]) for m in stage_labels.values()]), strict=True))
-    raw_names = []
-    for members, kind, s in groups:
-        if kind == "stage":
-            raw_names.append((stage_names[s], stage_names[s]))
-        elif kind == "join":
-            raw_names.append((f"{stage_names[s]}.join", f"{stage_names[s]}.join"))
-        else:
-            pre, span = _label(gm, [nodes[i] for i in members])
-            raw_names.append((pre if pre.startswith(stage_names[s]) else "", f"{stage_names[s]}[{span}]"))
-    names = _unique_names(raw_names)
+    names = _block_names(gm, nodes, groups)
 
     blocks: list[Block] = []
     producer: dict[str, str] = {placeholder.name: "input"}
@@ -258,14 +276,8 @@ def _assemble(gm: fx.GraphModule, nodes: list[fx.Node], placeholder: fx.Node,
         if any(len(m) != 1 for m in out_meta):
             raise UserError(f"block {names[b]} outputs a non-tensor value; cut elsewhere (--cuts)")
         dtype = out_meta[0][0][1]
-        seen: set[int] = set()
-        params = 0
         attrs = [a for n in member_nodes for a in n.all_input_nodes if a.op == "get_attr"]
-        for n in [*member_nodes, *attrs]:
-            for t in node_params(gm, n):
-                if id(t) not in seen and isinstance(t, torch.nn.Parameter):
-                    seen.add(id(t))
-                    params += t.numel()
+        params = _parameters(gm, [*member_nodes, *attrs])
         blocks.append(Block(
             name=names[b], module=module, inputs=[a.name for a in inputs], outputs=[o.name for o in outputs],
             ops=[op_name(gm, n) for n in member_nodes],

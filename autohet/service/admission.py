@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autohet.service.channel import Answer
-from autohet.service.listener import Reply
+from autohet.service.http_messages import Reply
 from autohet.service.shm import BodyPool, ShmBody
 
 __all__ = ["RETRY_AFTER_S", "NoReplica", "Slot", "Timing", "busy", "json_reply", "nothing"]

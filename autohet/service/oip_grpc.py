@@ -24,7 +24,7 @@ from autohet.core.errors import last_line
 from autohet.service import oip
 from autohet.service import oip_messages_pb2 as pb
 from autohet.service.admission import NoReplica
-from autohet.service.listener import Reply
+from autohet.service.http_messages import Reply
 from autohet.service.requests import BadRequest
 
 __all__ = ["SERVICE", "infer_response", "request_images", "serve_grpc"]

@@ -1,7 +1,7 @@
 """The Open Inference Protocol's REST endpoints on an ingress (``/v2``...), and what its gRPC service
 (``oip_grpc``) asks of the ingress: the model's description, readiness, and images run like any
 request (admitted against ``max_queue``, a body in shared memory for the replicas of this node, shared
-between the replicas by speed). A mixin of ``app.Ingress``, whose admission, routing and replicas it
+between the replicas by speed). A mixin of ``ingress.Ingress``, whose admission, routing and replicas it
 uses.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 from autohet.core.errors import last_line
 from autohet.service import oip
 from autohet.service.admission import NoReplica, busy, json_reply, nothing
-from autohet.service.listener import Admitted, Head, Reply
+from autohet.service.http_messages import Admitted, Head, Reply
 from autohet.service.requests import BadRequest
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ INFO_TIMEOUT_S = 5.0
 class OipEndpoints:
     """``begin_v2(head)`` for the REST endpoints; ``model_info``, ``ready`` and ``infer`` for both."""
 
-    # the ingress's (``app.Ingress``)
+    # the ingress's (``ingress.Ingress``)
     settings: Any
     draining: bool
     classes: int

@@ -106,7 +106,5 @@ def replica_load(config: RunConfig, spec: ReplicaSpec) -> tuple[RunConfig, dict[
         return config, {"executor": spec.executors[0]}
     from dataclasses import replace
 
-    from autohet.pool import PoolSpec
-
-    pool = PoolSpec(config.pool.name, [config.pool.executors[i] for i in spec.executors], config.pool.source)
+    pool = replace(config.pool, executors=[config.pool.executors[i] for i in spec.executors], auto={})
     return replace(config, pool=pool, strategy="fifo", params={"c": 1, "unit": "batches"}, plan={}), {}

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from autohet.config import RunConfig
 from autohet.core.errors import UserError
-from autohet.service.listener import bind_shared
+from autohet.service.http_messages import bind_shared
 
 if TYPE_CHECKING:
     from autohet.service.plan import ReplicaSpec
@@ -256,7 +256,7 @@ def check_resources(specs: list[ReplicaSpec], where: str) -> None:
     """One line when the Ray cluster cannot hold a replica (Serve would wait for it forever)."""
     import ray
 
-    from autohet.pool.actors import ray_node_id
+    from autohet.runtime.hosting import ray_node_id
 
     nodes = [n for n in ray.nodes() if n["Alive"]]
     for spec in specs:

@@ -5,11 +5,12 @@ the trials compare with, computed once)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from autohet.core.models import ModelSpec
+from autohet.core.settings import MAX_OUTPUT_BYTES
 from autohet.core.workload import Workload
 from autohet.platform.ray_cluster import get_interruptibly
 from autohet.pool import PoolSpec
@@ -18,10 +19,7 @@ from autohet.tuning.dims import SpaceContext
 from autohet.tuning.experiment import TunePool
 from autohet.tuning.settings import TuneSettings
 from autohet.tuning.space import SearchSpace
-
-if TYPE_CHECKING:
-    from autohet.tuning.trainable import TrialSetup, TrialSizing
-
+from autohet.tuning.trial_setup import TrialSetup, TrialSizing
 
 __all__ = ["SIZED_BANK", "TrialPlan", "max_pool_size", "output_classes", "reference_outputs", "size_trials", "sizing",
            "space_context", "strategy_sizes", "trial_setup"]
@@ -78,10 +76,8 @@ def max_pool_size(pool: PoolSpec, space: SearchSpace, pool_dims: bool) -> int:
 SIZED_BANK = 1 << 30
 
 
-def sizing(manager: Any, settings: TuneSettings, classes: int) -> Any:
+def sizing(manager: Any, settings: TuneSettings, classes: int) -> TrialSizing:
     """How throughput trials are sized: from the base pool's summed standalone throughput, measured now."""
-    from autohet.tuning.trainable import MAX_OUTPUT_BYTES, TrialSizing
-
     limit = float(get_interruptibly(manager.calibrate.remote(settings.standalone_seconds)))
     cap = int(settings.max_images) if settings.max_images != "auto" else MAX_OUTPUT_BYTES // (4 * max(1, classes))
     timeout = None if settings.trial_timeout_s == "auto" else float(settings.trial_timeout_s)
@@ -148,7 +144,7 @@ def reference_outputs(model: ModelSpec, settings: TuneSettings, pool_spec: PoolS
 def trial_setup(model: ModelSpec, settings: TuneSettings, pool: TunePool, plan: TrialPlan, workload: Workload,
                  references: dict[str, np.ndarray], data_seed: int, npy: str | None) -> TrialSetup:
     """What every trial shares (``TrialSetup``), handed to Ray Tune once."""
-    from autohet.tuning.trainable import TrialSetup
+    from autohet.tuning.trial_setup import TrialSetup
 
     return TrialSetup(model, workload, settings.objectives.name, pool.manager_name, settings.check_images,
                       settings.standalone_seconds, settings.latency_runs, deadline_s=plan.deadline_s,

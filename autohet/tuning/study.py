@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from autohet.tuning.initial import FirstPoints
     from autohet.tuning.progress import Progress
     from autohet.tuning.search import StagedSearch
-    from autohet.tuning.trainable import TrialSetup
+    from autohet.tuning.trial_setup import TrialSetup
 
 
 __all__ = ["first_points", "make_searcher", "open_study", "run_search", "trial_budget_s"]

@@ -12,9 +12,7 @@ waits (capped) for the devices to cool a margin below it, so one hot trial does 
 from __future__ import annotations
 
 import json
-import math
 import time
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -24,86 +22,23 @@ from autohet.config import RunConfig
 from autohet.context import RunContext
 from autohet.core.errors import RunTimeout, UserError
 from autohet.core.measurement import Measurement
-from autohet.core.models import ModelSpec
 from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
 from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_DRAIN_S, CUT_FLOOR_S, ENGINE_HEADROOM, MAX_OUTPUT_BYTES
 from autohet.core.workload import Workload
 from autohet.platform.thermal import too_hot, wait_cool
 from autohet.pool import PoolSpec
-from autohet.strategies import get_strategy, is_baseline
+from autohet.strategies import get_strategy
 from autohet.strategy_run import energy_sources, run_strategy
 from autohet.tuning.space import SearchSpace
+from autohet.tuning.trial_setup import TrialSetup, TrialSizing, engine_shortfall, trial_images
+from autohet.tuning.trial_setup import cut_deadline as _cut_deadline
+from autohet.tuning.trial_setup import refuse_hopeless_engine as _refuse_hopeless_engine
+from autohet.tuning.trial_setup import refuse_hopeless_single as _refuse_hopeless_single
+from autohet.tuning.trial_setup import single_speed as _single_speed
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup",
            "TrialSizing", "engine_shortfall", "objective_metrics", "run_trial", "trial_images", "trial_metrics",
            "trial_status", "tune_entry"]
-
-
-
-@dataclass(frozen=True)
-class TrialSizing:
-    """Images per throughput trial: about ``target_s`` of work at the best speed known so far (the
-    pool at its own settings, measured first, or the fastest valid trial since), rounded to a power of
-    sqrt(2) so that few distinct sizes occur (each needs its own reference outputs). On the H100 box
-    a model running 160k img/s ran 0.6 s trials under the old cap of 100000 images, and its best
-    single reached 0.84 of its own standalone speed (issue 26)."""
-
-    target_s: float
-    min_images: int
-    max_images: int
-    base_ips: float
-    timeout_s: float | None = None  # fixed trial timeout; None: max(20 s, 10x the expected run)
-
-    def images(self, best_ips: float | None) -> int:
-        return self.images_at(max(self.base_ips, best_ips or 0.0))
-
-    def images_at(self, ips: float) -> int:
-        """About ``target_s`` of work at ``ips``, rounded and capped as every trial's."""
-        wanted = ips * self.target_s
-        if wanted > 1:
-            wanted = 2 ** (round(2 * math.log2(wanted)) / 2)
-        return int(max(self.min_images, min(self.max_images, round(wanted))))
-
-    def deadline(self, images: int, ips: float | None = None) -> float:
-        """The trial timeout for ``images`` at ``ips`` (default: the pool's own speed)."""
-        if self.timeout_s is not None:
-            return self.timeout_s
-        speed = ips or self.base_ips
-        return max(20.0, 10.0 * images / speed) if speed > 0 else 60.0
-
-
-@dataclass
-class TrialSetup:
-    """What every trial shares; passed once through the object store (tune.with_parameters)."""
-
-    model: ModelSpec
-    workload: Workload
-    objective: str
-    manager_name: str
-    check_images: int
-    standalone_seconds: float
-    latency_runs: int
-    deadline_s: float | None = None
-    cut_factor: float = 0.0
-    workload_seed: int = 0
-    npy: str | None = None
-    reference: dict[str, np.ndarray] = field(default_factory=dict)
-    max_temp: float | None = None  # a trial hotter than this (max over the sensors, C) is a violation
-    cool_margin_c: float = 5.0  # before each trial: wait until max_temp - this ...
-    cool_max_s: float = 120.0  # ... for at most this long
-    pool_spec: PoolSpec | None = None  # the base pool: whose temperatures the cooling wait reads
-    sizing: TrialSizing | None = None  # throughput trials sized by speed (None: every trial runs ``workload``)
-
-    @property
-    def objectives(self) -> ObjectiveSet:
-        return ObjectiveSet.parse(self.objective)
-
-    def longer(self, factor: float) -> TrialSetup:
-        """This setup with throughput runs ``factor`` times as long (the finals' runs); unchanged where
-        trials are not sized by speed."""
-        if self.sizing is None or factor <= 1:
-            return self
-        return replace(self, sizing=replace(self.sizing, target_s=self.sizing.target_s * factor))
 
 
 def trial_metrics(m: Measurement) -> dict[str, Any]:
@@ -278,44 +213,6 @@ def _measured(m: Measurement, ctx: RunContext, strategy: str, spec: PoolSpec, ex
     return result
 
 
-def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, own_ips: float | None = None,
-                 single: int | None = None) -> int:
-    """A throughput trial's images: ``sizing``'s (at ``own_ips``, a single's own speed, where given),
-    and at least two batches of each executor (of executor ``single`` alone, for such a single): a slow
-    model (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor, whose
-    figures moved by 20% from run to run and picked configurations that ran slower when rerun."""
-    images = sizing.images_at(own_ips) if own_ips else sizing.images(best_ips)
-    executors = spec.executors[single:single + 1] if single is not None else spec.executors
-    return max(images, 2 * sum(e.batch for e in executors))
-
-
-def _single_speed(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup,
-                  phases: dict[str, float]) -> float | None:
-    """A ``single`` trial's executor speed (its standalone figure, measured once per configuration);
-    None for other strategies or where it cannot be measured.
-
-    Such a trial is sized to its own speed and cut only against it, slower or faster than the speed
-    the trials are sized by: the first points run ``single`` on the CPU group at each backend and
-    precision to find its best settings before any strategy splits the work. Sized for the GPU beside
-    it and cut at 1/cut_factor of the GPU's speed, all eight of them were cut in a default resnet18
-    tune on the H100 box (~12 s each, their actors replaced), and the strategies after them ran their
-    CPU groups at the pool's eager fp32 (BENCHMARKS 23). Sized at a CPU-only pool's own eager speed,
-    the first point (OpenVINO bf16, 15 streams, 1041 img/s alone) ran 362 images in 0.4 s, measured
-    904 img/s, and lost to a 3-stream setting its 3 s trials measured at 1035 (BENCHMARKS 24)."""
-    import ray
-
-    index = params.get("executor")
-    if not is_baseline(strategy) or not isinstance(index, int):
-        return None
-    t0 = time.perf_counter()
-    try:  # the figure known for its configuration, else measured now
-        known = ray.get(manager.standalone_of.remote(index, setup.standalone_seconds))
-    except Exception:  # e.g. its actor died: sized as any trial, whose run meets (and reports) that
-        known = None
-    phases[TrialKey.STANDALONE] += time.perf_counter() - t0
-    return known or None
-
-
 _REFERENCES: dict[str, np.ndarray] = {}  # this trial process's reference outputs, kept across trials
 
 
@@ -325,73 +222,6 @@ def _references(setup: TrialSetup) -> dict[str, np.ndarray]:
     for key, value in setup.reference.items():
         _REFERENCES.setdefault(key, value)
     return _REFERENCES
-
-
-def _cut_deadline(manager: Any, setup: TrialSetup, images: int, own_ips: float | None = None) -> float | None:
-    """A throughput run taking ``cut_factor`` times longer than the fastest valid speed so far needs
-    for its images is that much slower: it is cut there instead of run to the end. A single sized to its
-    own speed (``own_ips``) is cut against that speed instead."""
-    import ray
-
-    if setup.objectives.mode.per_request or not setup.cut_factor:
-        return None
-    fastest = own_ips or ray.get(manager.best_speed.remote())
-    return None if not fastest else max(CUT_FLOOR_S, setup.cut_factor * images / fastest)
-
-
-def _refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, setup: TrialSetup,
-                            images: int, deadline_s: float | None) -> None:
-    """A `single` trial on an executor already measured too slow to finish before the trial
-    deadline is refused at once (e.g. 20000 images on one CPU core of a GPU machine), instead
-    of running until it is cut and its actor replaced."""
-    import ray
-
-    if not is_baseline(strategy) or deadline_s is None or setup.objectives.mode.per_request:
-        return
-    index = params.get("executor")
-    if not isinstance(index, int):
-        return
-    speed = ray.get(manager.known_standalone.remote(index))
-    if speed and images / speed > deadline_s:
-        raise UserError(f"single on executor {index} would take ~{images / speed:.0f} s at its "
-                        f"measured {speed:.4g} img/s, more than the trial deadline of {deadline_s:.0f} s")
-
-
-
-
-def _refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,
-                            setup: TrialSetup) -> None:
-    """A throughput trial of an engine family is refused before it runs when its devices, each at the
-    best figure measured for it at any setting, together fall short of the best valid trial by more
-    than ``ENGINE_HEADROOM``: on the 2-core box four such trials were each cut after ~70 s, 46% of the
-    README main job's budget, next to an OpenVINO single twice as fast as their torch devices."""
-    import ray
-
-    if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:
-        return
-    from autohet.strategies import default_devices
-
-    indices = [i for i in (params.get("devices") or default_devices(spec)) if 0 <= i < len(spec.executors)]
-    chosen = [spec.executors[i] for i in indices]
-    headroom = ENGINE_HEADROOM if any(e.uses_gpu for e in chosen) else CPU_ENGINE_HEADROOM
-    why = engine_shortfall(strategy, ray.get(manager.best_speed.remote()),
-                           ray.get(manager.device_figures.remote(indices)), [e.name for e in chosen], headroom)
-    if why:
-        raise UserError(why)
-
-
-def engine_shortfall(strategy: str, best: float | None, figures: list[float | None], names: list[str],
-                     headroom: float = ENGINE_HEADROOM) -> str | None:
-    """Why an engine family's devices cannot reach ``best`` (see ``_refuse_hopeless_engine``), or None
-    where they might, or where a device has no measured figure yet."""
-    if not best or not figures or any(f is None for f in figures):
-        return None
-    total = float(sum(f for f in figures if f is not None))
-    if headroom * total >= best:
-        return None
-    return (f"{strategy} cannot beat the best trial's {best:.4g} img/s: its devices ({', '.join(names)}) run the "
-            f"whole model at {total:.4g} img/s together, each at its best measured PyTorch setting (under "
-            f"1/{headroom:g} of it)")
 
 
 def tune_entry(config: dict[str, Any], setup: TrialSetup) -> None:

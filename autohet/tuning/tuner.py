@@ -36,7 +36,7 @@ from autohet.tuning.study import make_searcher, open_study, run_search, trial_bu
 
 if TYPE_CHECKING:
     from autohet.tuning.progress import Progress
-    from autohet.tuning.trainable import TrialSetup
+    from autohet.tuning.trial_setup import TrialSetup
 
 __all__ = ["tune_model"]
 

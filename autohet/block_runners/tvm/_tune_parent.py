@@ -180,8 +180,6 @@ class TuneSession:
         evolutionary search's population (default 512; 128 makes a round ~3x cheaper to search, which
         counts when the budget is short). ``extra["blocks"]`` maps
         each tuned block to [its tasks with a candidate that ran in this job, its tasks]."""
-        import tvm
-
         if trials < 1:
             raise UserError(f"--trials must be at least 1, got {trials}")
         work_dir = tune_dir(model, self.key)
@@ -195,13 +193,7 @@ class TuneSession:
             return TuneResult(work_dir, [], skipped, 0, _count_lines(records_file), 0.0, log)
         start = time.perf_counter()
         stop_at = None if budget_s is None else time.time() + budget_s  # wall clock, shared with the child
-        mod_paths = []
-        for block in todo:
-            mod, _ = to_relax(block, block.example_inputs())
-            path = work_dir / "mods" / f"{block.signature}.json"
-            path.parent.mkdir(exist_ok=True)
-            path.write_text(tvm.ir.save_json(fused_for_tuning(mod, self.target)))
-            mod_paths.append(str(path))
+        mod_paths = self._write_modules(todo, work_dir)
         self._jobs += 1
         result_path = work_dir / f"last_job.{os.getpid()}.{self._jobs}.json"
         result_path.unlink(missing_ok=True)
@@ -219,20 +211,7 @@ class TuneSession:
         except OSError:
             pass  # the child died: reported below
         result, killed = self._wait(result_path, spec["progress"], start + timeout_s, progress)
-        if killed:
-            _repair_jsonl(records_file)
-            _repair_jsonl(work_dir / "database_workload.json")
-            if budget_s is None:
-                raise UserError(f"tuning ran past {timeout_s:.0f} s and was stopped; lower --trials (log: {log})")
-            result = self._read_progress(spec["progress"]) or {}
-            result["timed_out"] = True
-        elif result is None:
-            rc = self._proc.returncode if self._proc is not None else None
-            self.kill()
-            raise UserError(f"tuning process failed (exit code {rc}); see {log}")
-        if "error" in result:
-            lines = [ln for ln in str(result["error"]).splitlines() if ln.strip()]
-            raise UserError(f"tuning failed: {lines[-1][:300] if lines else '?'} (log: {log})")
+        result = self._outcome(result, killed, work_dir, spec["progress"], budget_s, timeout_s, log)
         for leftover in (result_path, Path(spec["progress"])):
             leftover.unlink(missing_ok=True)
         if not result.get("timed_out"):
@@ -246,6 +225,39 @@ class TuneSession:
                           extra={**{k: result[k] for k in ("tune_s", "setup_s") if k in result},
                                  "blocks": {b.name: result.get("coverage", {}).get(path, [0, 0])
                                             for b, path in zip(todo, mod_paths, strict=True)}})
+
+    def _write_modules(self, blocks: list[Block], work_dir: Path) -> list[str]:
+        """Each block's Relax module, fused as it will be compiled, saved for the child to tune."""
+        import tvm
+
+        paths = []
+        for block in blocks:
+            mod, _ = to_relax(block, block.example_inputs())
+            path = work_dir / "mods" / f"{block.signature}.json"
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(tvm.ir.save_json(fused_for_tuning(mod, self.target)))
+            paths.append(str(path))
+        return paths
+
+    def _outcome(self, result: dict[str, Any] | None, killed: bool, work_dir: Path, progress_path: str,
+                 budget_s: float | None, timeout_s: float, log: Path) -> dict[str, Any]:
+        """The job's result: a killed child's progress so far (its databases repaired) where a budget was
+        set, else a UserError; a UserError for a child that died or reported an error."""
+        if killed:
+            _repair_jsonl(work_dir / "database_tuning_record.json")
+            _repair_jsonl(work_dir / "database_workload.json")
+            if budget_s is None:
+                raise UserError(f"tuning ran past {timeout_s:.0f} s and was stopped; lower --trials (log: {log})")
+            result = self._read_progress(progress_path) or {}
+            result["timed_out"] = True
+        elif result is None:
+            rc = self._proc.returncode if self._proc is not None else None
+            self.kill()
+            raise UserError(f"tuning process failed (exit code {rc}); see {log}")
+        if "error" in result:
+            lines = [ln for ln in str(result["error"]).splitlines() if ln.strip()]
+            raise UserError(f"tuning failed: {lines[-1][:300] if lines else '?'} (log: {log})")
+        return result
 
     @staticmethod
     def _read_progress(path: str) -> dict[str, Any] | None:
