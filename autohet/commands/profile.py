@@ -1,7 +1,7 @@
 """``autohet profile``: each executor's standalone throughput at a few batch sizes.
 
-Executors of one class (same kind, core count, GPU and settings: the fifteen one-core groups of a
-GPU box) run at one speed: each class is measured once per batch and the figure shared, each
+Executors of one class (same kind, core count, GPU and settings: a GPU machine's one-core CPU
+groups, say) run at one speed: each class is measured once per batch and the figure shared, each
 measurement is time-boxed (``--seconds``; a unit slower than the box reports its own rate), and a
 line on stderr says what is being measured.
 """

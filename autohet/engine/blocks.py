@@ -78,9 +78,9 @@ class BlockPrograms:
         if key not in self._runners:
             dev = self.engine[device]
             kind = self.backend_of(block, device)
-            dtype = dev.dtype if kind == "torch" else None
-            runner = make_runner(self.graph, block, str(dev.torch_device), kind, dtype)
-            if kind == "torch" and dev.channels_last:
+            in_format = backend(kind).device_format
+            runner = make_runner(self.graph, block, str(dev.torch_device), kind, dev.dtype if in_format else None)
+            if in_format and dev.channels_last:
                 runner = ChannelsLast(runner)
             self._runners[key] = runner
         return self._runners[key]

@@ -168,10 +168,9 @@ class GpuDevice(Device):
         use_tf32(self.precision)
         torch.backends.cudnn.benchmark = True
         self.stream = self._stream_factory() if self._stream_factory else torch.cuda.Stream(self.torch_device)
-        # moves in on a stream of their own, so frame n+1's copy runs under frame n's compute: on one
-        # stream a resnet18 stage of 32 images on the H100 box took 1.33 ms per frame, 0.96 of them
-        # compute and 0.37 the copy in. A plain stream of the GPU even for a partition: a copy uses
-        # the copy engines, not SMs
+        # moves in on a stream of their own, so frame n+1's copy runs under frame n's compute instead of
+        # adding to it (docs/why.md, engine/devices.py). A plain stream of the GPU even for a partition:
+        # a copy uses the copy engines, not SMs
         self.copy_stream = torch.cuda.Stream(self.torch_device)
 
     def accept(self, value: Value) -> Any:

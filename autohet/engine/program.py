@@ -140,8 +140,8 @@ def move(value: Value, src: Device, dst: Device, worker: Device) -> Value:
         copy = t.to(dst.torch_device, non_blocking=True) if dst.torch_device != src.torch_device else t.clone()
         # its memory is not reused before the destination's compute has read it: allocated for another
         # GPU's current stream, freed after its consumer it was handed to the next frame's copy, which the
-        # source's stream wrote while the consumer's stream still read it (a resnet18 pipeline over two
-        # H200s, six frames in flight, failed its check: 0.213 > fp16's 0.061)
+        # source's stream wrote while the consumer's stream still read it (a two-GPU pipeline failed its
+        # output check: docs/why.md, engine/program.py)
         copy.record_stream(dst.stream)
         return Value(copy, dst.name, src.publish(copy).event)
 

@@ -67,8 +67,9 @@ _REGISTER_READ_ONLY = 8  # cudaHostRegisterReadOnly: the Ray object store maps w
 def pinned_host(array: np.ndarray) -> Iterator[bool]:
     """Page-locks ``array`` in place while the block runs (cudaHostRegister), so a GPU's copy of a
     frame that is a view of it is a DMA straight from it. Without it every host-to-GPU move first
-    copies the frame into pinned memory on the GPU's worker: 19 MB per resnet18 frame of 32, about
-    1 ms of a 1.4 ms stage, with CPU threads that, in a pipeline, compete with the CPU stage's cores.
+    copies the frame into pinned memory on the GPU's worker (19 MB per resnet18 frame of 32, most of a
+    stage's time: docs/why.md, engine/runs.py), with CPU threads that, in a pipeline, compete with the
+    CPU stage's cores.
     Yields whether the array is pinned (not where there is no GPU or the driver refuses)."""
     if not torch.cuda.is_available() or array.nbytes == 0 or not array.flags.c_contiguous:
         yield False
@@ -152,7 +153,8 @@ def request_latencies(engine: Engine, program: Program, images: Sequence[np.ndar
 class BatchOneServer:
     """The whole model on one device serving batch-1 requests the way a user's own loop would: on
     the device's worker (the thread that owns its cores or stream), with no step crossing threads;
-    the engine's step-by-step path pays a queue hop per step, a large share of a 0.4 ms request.
+    the engine's step-by-step path pays a queue hop per step, a large share of a batch-1 request
+    (docs/why.md, engine/runs.py).
 
     On a GPU the requests are staged in pinned memory in the device's dtype and layout first (as the
     CUDA-graph peer of ``bench/peers.py`` stages its input); a request is one copy in, the model

@@ -27,7 +27,8 @@ class Backend:
     GPU points (the compiled backends first; None: after them); ``blocks``: it runs a partition's blocks
     (placement); ``own_stream``: as a block runner it queues on a CUDA stream of its own (its calls are
     ordered by synchronising); ``needs_tuning``: untuned it is 50-150x slower than PyTorch, so it runs only
-    where a tuning database exists."""
+    where a tuning database exists; ``device_format``: as a block runner it runs in the engine device's
+    precision and memory layout (else in its own compiled format)."""
 
     name: str
     devices: frozenset[str] = frozenset()
@@ -37,6 +38,7 @@ class Backend:
     blocks: bool = False
     own_stream: bool = False
     needs_tuning: bool = False
+    device_format: bool = False
 
 
 _CPU, _GPU, _BOTH = frozenset({"cpu"}), frozenset({"gpu"}), frozenset({"cpu", "gpu"})
@@ -48,7 +50,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("openvino", _CPU),
     Backend("onnxruntime", _CPU),
     Backend("onnxruntime_nnpack", _CPU),
-    Backend("torch", blocks=True),
+    Backend("torch", blocks=True, device_format=True),
     Backend("tvm", blocks=True, own_stream=True, needs_tuning=True),
 )}
 EXECUTOR_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.devices)

@@ -173,7 +173,7 @@ class UnitResult:
 def join_parts(parts: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
     """The parts one after another, in ``out`` when given (as many rows as they hold together): without
     ``out`` the only part itself, else copied on several threads (``host_copy``: numpy's concatenate
-    copies on one, 0.3-0.5 s for a 1 GiB window)."""
+    copies on one, slow for a window of a gigabyte: docs/why.md, executors/base.py)."""
     if out is None and len(parts) == 1:
         return parts[0]
     import warnings

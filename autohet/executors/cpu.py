@@ -58,10 +58,10 @@ def own_threads(n: int) -> None:
     """Gives the calling thread an intra-op team of ``n`` threads that no other thread can change.
 
     ``torch.set_num_threads`` also stores a process-wide count, and a thread's first parallel op
-    resets its team to that count (torch's lazy per-thread init). A CPU group's thread that set 15
-    and then saw a GPU executor's thread set 1 (its feeder core) before its first op ran on one
-    thread: resnet18 on the H100 box's 15-core group at 19-26 img/s in in-process pools, 107-180
-    img/s with this. Asking first runs that init now, so the count set after it stays this thread's."""
+    resets its team to that count (torch's lazy per-thread init). A CPU group's thread that set its
+    count and then saw a GPU executor's thread set 1 (its feeder core) before its first op ran on one
+    thread (docs/why.md, executors/cpu.py). Asking first runs that init now, so the count set after it
+    stays this thread's."""
     torch.get_num_threads()
     torch.set_num_threads(max(1, n))
 
@@ -71,12 +71,12 @@ def bind_team(cores: tuple[int, ...]) -> list[int]:
     ``cores``; returns the team's thread ids (empty where nothing was bound).
 
     A team inherits its thread's affinity, the group's whole core set, and its threads move between
-    those cores; two on one core would make every parallel region wait for the slower. A CPU stage
-    of the H100 box ran at 8-10 ms per frame in some spells and 17-24 ms in others (BENCHMARKS 13c);
-    binding was the candidate, but on the machine it was tried on neither setting met a slow spell
-    and the figures did not move, so it is off unless ``AUTOHET_BIND_TEAMS=1`` (an A/B switch for
-    that measurement). The team is made here (one parallel op) and found as the new threads of this
-    process with the group's affinity."""
+    those cores; two on one core would make every parallel region wait for the slower. A CPU stage ran
+    at about twice its frame time in some spells (docs/why.md, executors/cpu.py); binding was the
+    candidate, but on the machine it was tried on neither setting met a slow spell and the figures did
+    not move, so it is off unless ``AUTOHET_BIND_TEAMS=1`` (an A/B switch for that measurement). The
+    team is made here (one parallel op) and found as the new threads of this process with the group's
+    affinity."""
     if len(cores) < 2 or not hasattr(os, "sched_setaffinity") or env("AUTOHET_BIND_TEAMS") != "1":
         return []
     group = set(cores)

@@ -35,9 +35,9 @@ from autohet.executors.gpu_staging import PinnedStaging, _InPlaceParts
 __all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch", "use_tf32"]
 
 # inductor modes whose compiled kernels are launched one by one from Python: replayed as one CUDA graph
-# instead. resnet18 fp16 b256 on the H200 box: queuing 20 batches took 71 ms of Python against 96 ms of
-# GPU work, and one busy Python thread beside the executor (a runtime's reader, stager, driver) cut it
-# from 71930 to 48149 img/s (bench/gpu_launch_probe.py); a replay costs microseconds of the GIL.
+# instead. Launching them from Python takes nearly as long as the GPU's own work, so one busy Python thread
+# beside the executor (a runtime's reader, stager, driver) slows the GPU (docs/why.md, executors/gpu.py); a
+# replay costs microseconds of the GIL.
 _INDUCTOR_WITHOUT_GRAPHS = ("default", "max-autotune-no-cudagraphs")
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -45,8 +45,8 @@ DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "
 
 def use_tf32(precision: str) -> None:
     """TF32 for matmuls and cuDNN exactly when ``precision`` is tf32. cuDNN convolutions default to
-    TF32 on Ampere and later, so fp32 must switch it off (on the H100 vgg16 differed from the fp32
-    reference by 2.7e-4, over fp32's tolerance)."""
+    TF32 on Ampere and later, so fp32 must switch it off (with TF32, vgg16's outputs fell outside fp32's
+    tolerance: docs/why.md, executors/gpu.py)."""
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32

@@ -18,9 +18,9 @@ __all__ = ["PinnedStaging"]
 
 class _InPlaceParts:
     """A stream's window left where its parts lie, each already page-locked (an ingress's shared-memory
-    body that a GPU replica registered, ``shm.pin_mappings``): the GPU copies from them directly. On the
-    H100 box the staging copy of a served window (986 images, 148 MB) took 14 ms against the GPU's 15
-    ms on it, and with the wait for requests it set the served rate (BENCHMARKS.md §22)."""
+    body that a GPU replica registered, ``shm.pin_mappings``): the GPU copies from them directly. A
+    staging copy of a served window takes about as long as the GPU's work on it, and with the wait for
+    requests it set the served rate (docs/why.md, executors/gpu_staging.py)."""
 
     def __init__(self, parts: list[torch.Tensor]) -> None:
         self.parts = parts

@@ -1,14 +1,14 @@
 """Python's cyclic garbage collector, kept out of timed work.
 
-A full (generation 2) collection walks every object the collector tracks: about 300k once torch, a
-model and this package are imported; 86 ms on the 2-core box, 158-214 ms on the H100 box, with the
-GIL held. Inside a run that pause stops every Python thread of the process (the thread that feeds a
-GPU, the engine's device workers, the driver): a resnet18 pipeline run of 8192 images takes 0.25 s
-there, so one pause in it decides its figure, and whether it meets one depends on when the
-collector happens to run. ``settle()`` collects once, outside the timed work,
-then freezes what survives (``gc.freeze``): later collections walk only objects made since, well
-under a millisecond. Every timed window (a run, a stream of frames, a set of requests, a stage's
-bound) settles first, so both sides of a comparison run under the same collector.
+A full (generation 2) collection walks every object the collector tracks (about 300k once torch, a
+model and this package are imported) with the GIL held, a large share of a short run
+(docs/why.md, platform/gc_control.py). Inside a run that pause stops every Python thread of the
+process (the thread that feeds a GPU, the engine's device workers, the driver), so one pause in a
+short run decides its figure, and whether it meets one depends on when the collector happens to
+run. ``settle()`` collects once, outside the timed work, then freezes what survives
+(``gc.freeze``): later collections walk only objects made since, well under a millisecond. Every
+timed window (a run, a stream of frames, a set of requests, a stage's bound) settles first, so
+both sides of a comparison run under the same collector.
 """
 
 from __future__ import annotations

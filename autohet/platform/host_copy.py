@@ -1,11 +1,11 @@
 """Large host-memory copies on several threads.
 
 A stream's window is a gigabyte of images: copied into the runner's buffer and staged into a GPU's
-pinned buffer in its precision once per call. One thread copies 3-4 GB/s (on the H100 box a
-1792-image resnet18 window took 0.26-0.32 s to join and 0.13 s to stage, against 0.05 s for the GPU
-to run it), and a thread's torch copies run on one thread once an executor has set torch's thread
-count to its cores. Row chunks on a pool of plain threads, each copying its chunk (torch releases
-the interpreter lock while it copies), use the cores of this process instead.
+pinned buffer in its precision once per call. On one thread those copies take several times the GPU's
+run of the window (docs/why.md, platform/host_copy.py), and a thread's torch copies run on one thread
+once an executor has set torch's thread count to its cores. Row chunks on a pool of plain threads,
+each copying its chunk (torch releases the interpreter lock while it copies), use the cores of this
+process instead.
 """
 
 from __future__ import annotations
@@ -53,8 +53,7 @@ def copy_parts(dst: Any, parts: list[Any]) -> None:
     """The torch tensors ``parts`` one after another into ``dst`` (as many rows as they hold together,
     a dtype conversion included), every part's row chunks on the copy threads at once. A stream's
     window is a few batches of 150 MB each; copied part after part, each part got only the 4-5 threads
-    its size gives. All at once, a 20000-image resnet18 stream's 12 windows (12 GB of fp32 into fp16)
-    were staged in 0.20 s in all on the H200 box's 16 cores (BENCHMARKS 17)."""
+    its size gives; all at once, they use every copy thread (docs/why.md, platform/host_copy.py)."""
     if not parts:
         return
     row_bytes = max(1, (dst[:1].numel() * dst.element_size()))

@@ -34,9 +34,9 @@ def handle_signals() -> dict[int, object]:
 
 def wait_interruptibly(refs: list[Any], timeout_s: float | None = None, poll_s: float = 0.5) -> list[Any]:
     """Those of ``refs`` not ready within ``timeout_s`` (None: waits for all), back in Python every
-    ``poll_s``: on the 2-core box a SIGINT that landed while ``autohet profile`` waited in a plain
-    ``ray.get`` for a 30 s standalone measurement ended the command only with the measurement (33.6 s
-    after the signal; with these waits 2.2-4.3 s, under the same load)."""
+    ``poll_s``, so that a SIGINT or SIGTERM ends the command within about a poll: in a plain
+    ``ray.get`` the signal's handler runs only once the result is back (docs/why.md,
+    platform/ray_cluster.py)."""
     import time
 
     import ray
@@ -78,8 +78,8 @@ def dump_stacks_later() -> None:
     """For a hang: with ``AUTOHET_STACK_DUMP_S=N`` set, every thread's stack goes to stderr every N
     seconds, in the command's process (from its start) and (as Ray's worker setup hook) in every Ray
     worker, whose stderr is its ``worker-*.err`` log under the session's logs. For diagnosis only:
-    faulthandler reads other threads' frames without the GIL, and on the H100 box a dump taken while
-    torch.compile was tracing ended the process with a segmentation fault."""
+    faulthandler reads other threads' frames without the GIL, and a dump taken while torch.compile
+    traces can crash the process (docs/why.md, platform/ray_cluster.py)."""
     seconds = float(env("AUTOHET_STACK_DUMP_S") or 0)
     if seconds > 0:
         import faulthandler

@@ -81,8 +81,8 @@ class ExecutorGroupActor:
     partitions of one GPU (kernels of different processes time-slice a GPU; partitions of one process
     run side by side on their own SMs). Each member lives on its own long-lived thread (a Worker):
     its load, runs and measurements all run there, one call at a time, while the actor's threads
-    only forward. Fed from whichever of Ray's pool threads took the call, a 64-SM partition of the
-    H100 box ran at 10137 img/s alone; fed from its own thread, 28777 (BENCHMARKS.md §10)."""
+    only forward. Fed from whichever of Ray's pool threads took the call, a partition ran far slower
+    than fed from its own thread (docs/why.md, pool/actors.py)."""
 
     def __init__(self, specs: list[ExecutorSpec], model: ModelSpec) -> None:
         import threading
@@ -98,7 +98,7 @@ class ExecutorGroupActor:
         self.sms = [p.sms for p in parts]  # what the driver actually gave (rounded up to its granularity)
         self.workers = [Worker(s.name) for s in specs]
         # one member sets up at a time: a member's cuDNN autotuning next to another's graph capture
-        # failed both on the H100 box (CUDNN_STATUS_EXECUTION_FAILED_CUDART, capture invalidated)
+        # failed both (docs/why.md, pool/actors.py)
         self.setup_lock = threading.Lock()
 
     def load(self, member: int, workload: Workload) -> dict[str, Any]:

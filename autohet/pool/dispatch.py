@@ -239,8 +239,8 @@ class LocalDispatcher(Dispatcher):
         """On the executor's worker: the unit queued on the device in parts of at most ``max_unit_images``
         (as a Ray actor gets it), their collection handed to the collector, each part's outputs placed by
         the driver as it arrives: a GPU's whole-run unit (``single``) placed its 200000 outputs only after
-        its last batch, and allocated their pinned buffer before its first (two H200s: single in-process
-        50544 img/s against 75000 standalone)."""
+        its last batch, and allocated their pinned buffer before its first, well below its standalone
+        speed (docs/why.md, pool/dispatch.py)."""
         ex = self.executors[executor]
         most = ex.spec.max_unit_images
         parts = [(s, min(most, start + size - s)) for s in range(start, start + size, most)]

@@ -1,15 +1,15 @@
 """A stream over several in-process executors: each executor runs its own continuous lane (issue 49).
 
-Run window by window through the tuned scheduler, a stream of a GPU beside a CPU group ran at 0.24x its
-tuned run on the H100 box: each window started the scheduler (its probes) again and ended on a barrier
-where the GPU waited for the CPU group's last unit. Here a window's images are split once, in whole
+Run window by window through the tuned scheduler, a stream of a GPU beside a CPU group ran far below its
+tuned run (docs/why.md, pool/lanes.py): each window started the scheduler (its probes) again and ended on a
+barrier where the GPU waited for the CPU group's last unit. Here a window's images are split once, in whole
 batches, so that every executor ends its queue at the same time (``even_finish_shares`` over each lane's
 speed, measured on its pieces so far, and the work it has queued), in pieces of at most a unit each, and
 each executor runs its pieces back to back: its own feeder thread stages the next piece while the current
-one runs, an asynchronous executor (a GPU) queues it before the current one is collected. No executor
-waits for another at a window's end, and the speeds carry from window to window. A window's outputs come
-back, in order, once every lane has run its pieces of it. A piece whose executor fails is staged again on
-the fastest live lane.
+one runs, an asynchronous executor (a GPU) queues it before the current one is collected. No executor waits
+for another at a window's end, and the speeds carry from window to window. A window's outputs come back, in
+order, once every lane has run its pieces of it. A piece whose executor fails is staged again on the
+fastest live lane.
 """
 
 from __future__ import annotations

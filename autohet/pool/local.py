@@ -42,12 +42,11 @@ class LocalPool(Pool):
             for i, part in zip(members, sm_partitions(specs[0].gpu or 0, [e.sms for e in specs]), strict=True):
                 self.executors[i].stream_override = part.stream
         self.workers = [Worker(s.name) for s in self.spec.executors]
-        # GPU executors load (and capture their CUDA graphs) before the others convert their models: on
-        # the H200 box a GPU's graph capture beside an ONNX Runtime group's export (torch.export, on
-        # another thread of this process) failed with cuDNN's FIND inside the capture, twice. An executor
-        # that compiles (inductor) loads alone: dynamo's tracing patches nn.Module.__call__ for the whole
-        # process, and two GPUs compiling at once on the 2-GPU H200 box failed ("Detected that you are
-        # using FX to symbolically trace a dynamo-optimized function")
+        # GPU executors load (and capture their CUDA graphs) before the others convert their models: a
+        # GPU's graph capture beside an ONNX Runtime group's export (torch.export, on another thread of
+        # this process) failed. An executor that compiles (inductor) loads alone: dynamo's tracing patches
+        # nn.Module.__call__ for the whole process, and two GPUs compiling at once failed (docs/why.md,
+        # pool/local.py)
         for gpu_phase in (True, False):
             phase = [(w, ex) for w, ex, s in zip(self.workers, self.executors, self.spec.executors, strict=True)
                      if s.uses_gpu == gpu_phase]
@@ -67,13 +66,10 @@ class LocalPool(Pool):
         return len(getattr(self, "executors", [])) == 1 and self.executors[0].launches_async
 
     def stream_windows(self, windows: Iterable[list[np.ndarray]], lock: Any) -> Iterator[np.ndarray]:
-        """One asynchronous executor's stream: window k+1 staged (into the other of the GPU's two pinned
-        buffers) while window k runs, and its units queued before window k's outputs are collected, so
-        the device never waits for the host at a window's end. Window k+2 is staged only once window
-        k is collected (it reuses k's buffer). ``lock`` is held while a window is handed over and
-        queued: calls from other threads run between windows. On the H200 box the in-process executor
-        ran resnet18 at 71-74k img/s with each next unit queued ahead and 65k without
-        (``bench/gpu_launch_probe.py``); a windowed stream without this ran 61-64k (BENCHMARKS 18)."""
+        """One asynchronous executor's stream: window k+1 staged (into the GPU's other pinned buffer) while
+        window k runs, and queued before k's outputs are collected, so the device never waits for the host at
+        a window's end; k+2 is staged once k is collected (it reuses k's buffer). ``lock`` is held while a
+        window is handed over and queued: other threads' calls run between windows (docs/why.md, pool/local.py)."""
         from concurrent.futures import ThreadPoolExecutor, wait
 
         ex, worker = self.executors[0], self.workers[0]

@@ -118,7 +118,7 @@ class RayDispatcher(Dispatcher):
         One deadline for all, and each actor's drain is sent as soon as its own parts are back (a
         partition group's threaded actor may run a drain before a part sent earlier). Waiting for every
         actor's parts first left the drains no time where one executor's parts outlived the wait: a GPU
-        done in milliseconds was replaced beside a busy CPU group (BENCHMARKS 23)."""
+        done in milliseconds was replaced beside a busy CPU group (docs/why.md, pool/ray_dispatch.py)."""
         import ray
 
         deadline = time.perf_counter() + max(0.0, seconds)

@@ -10,9 +10,8 @@ An explicit file lists executors::
 ``auto`` detects the machine (or every node of a Ray cluster): one executor per GPU with one
 core reserved to feed it, the remaining cores in CPU groups of ``cpu_group_size`` (``all``: one
 group). Its default, ``auto``, is one core per group on a CPU-only node (the seed's per-core
-executors) and groups of four next to a GPU: there a one-core group adds well under 0.1% of the GPU's
-throughput while its actor costs seconds to start and measure (BENCHMARKS.md 2a: all CPU groups
-together added <= 0.7%).
+executors) and groups of four next to a GPU: there a one-core group adds next to nothing to the GPU's
+throughput while its actor costs seconds to start and measure (docs/why.md, pool/spec.py).
 """
 
 from __future__ import annotations

@@ -118,9 +118,8 @@ class ReadAhead:
         ``images`` images (and ``most_bytes`` bytes) are taken: (batches, an error that came next,
         whether the source ended). With ``granule`` (the devices' batch), a window past it that would
         end in a part-filled batch ends instead at its last whole batch, where one falls between two
-        of its batches; the rest stays for the next window: a served stream's windows of 268 images
-        on average (64-image requests, a 256-image compiled batch) ran a full second batch for the
-        12 past the first (BENCHMARKS.md §22)."""
+        of its batches; the rest stays for the next window, so that a window's few images past a
+        whole batch do not cost a full batch of device work (docs/why.md, runtime/_inputs.py)."""
         taken: list[Batch] = []
         count = size = 0
         with self.cond:

@@ -64,8 +64,8 @@ def list_images(folder: Path) -> list[Path]:
 class Decoders:
     """Decoding processes pinned to the cores of this process that ``busy`` (the config's devices)
     leaves free; with none free, all of them (shared with the devices, ``shared``). Processes, not
-    threads: Pillow's calls hold the interpreter lock between them, and 15 decoding threads of the H100
-    box ran 423-1065 img/s (BENCHMARKS 14). A process decodes ``chunk`` files per job into uint8
+    threads: Pillow's calls hold the interpreter lock between them, so decoding threads contend for it
+    (docs/why.md, runtime/images.py). A process decodes ``chunk`` files per job into uint8
     pixels, handed on as uint8 batches: the runner scales them (on the GPU where its devices take
     pixels, a quarter of float32's bytes to copy; else on the host)."""
 

@@ -82,7 +82,7 @@ def _plan(cfg: RunConfig, source: str, pool_spec: PoolSpec, executor: int | None
         raise UserError(f"{source}: strategy {cfg.strategy} does not serve {mode} configs; re-export the config")
     given = {**cfg.params, **cfg.plan}
     if executor is None and strategy.one_executor:  # its other executors would only hold memory and
-        executor = int(given.get("executor", 0))  # cores (the H100 box's auto pool: four idle CPU groups)
+        executor = int(given.get("executor", 0))  # cores (docs/why.md, runtime/loader.py)
     if executor is not None:
         pool_spec, strategy, given = _one_executor(pool_spec, strategy, executor, source)
     return mode, strategy, pool_spec, strategy.validate(strategy.defaults_for(pool_spec, given))

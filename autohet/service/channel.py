@@ -1,15 +1,14 @@
 """A replica's direct channel to the ingress processes of its node: chunks and their answers over a
 Unix socket, past Ray and Serve.
 
-Why: on the H100 box (BENCHMARKS.md §22) Serve's path between an ingress and the GPU's replica took
-60-70 ms each way per request at 330 requests a second, growing with the load (150-160 ms each way
-with twice the clients) while the replica's own time stayed 35-40 ms and its GPU worked half the
-time: the requests' path, not the replica, set the rate. Here a replica listens on an abstract Unix
-socket (no file to clean up; gone with its process) served by a thread and event loop of its own,
-and an ingress of the same node sends each chunk there as a small header — where its images lie in
-shared memory (``ShmImages``), or the array's bytes after it — and reads the outputs back the same
-way. Replicas on other nodes, and a replica that is down (a call through Serve waits for its
-successor), keep Serve's path.
+Why: Serve's path between an ingress and the GPU's replica took longer per request than the replica's
+own work, growing with the load, while the GPU worked half the time: the requests' path, not the
+replica, set the rate (docs/why.md, service/channel.py). Here a replica listens on an abstract Unix
+socket (no file to clean up; gone with its process) served by a thread and event loop of its own, and
+an ingress of the same node sends each chunk there as a small header — where its images lie in shared
+memory (``ShmImages``), or the array's bytes after it — and reads the outputs back the same way.
+Replicas on other nodes, and a replica that is down (a call through Serve waits for its successor),
+keep Serve's path.
 
 A message is a 4-byte little-endian header length, the header (JSON) and ``nbytes`` of payload.
 A request: ``{"id", "shm": [path, offset, shape, dtype]}`` or ``{"id", "shape", "dtype", "nbytes"}``

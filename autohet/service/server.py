@@ -143,7 +143,7 @@ class Service:
             check_port_free(opts.host, opts.grpc_port, "--grpc-port")
         # held until close: the kernel gives no explicitly bound port to an outgoing connection, so none of
         # Ray's processes' connections can take it before the ingresses bind it, after the replicas have
-        # loaded (a service on the H100 box once failed to start there on EADDRINUSE without this)
+        # loaded (without this a service once failed to start on EADDRINUSE: docs/why.md, service/server.py)
         self._reserved = [bind_shared(opts.host, port) for port in (opts.port, opts.grpc_port) if port is not None]
         if opts.metrics_port is not None and not opts.address:
             check_port_free("0.0.0.0", opts.metrics_port, "--metrics-port")

@@ -1,8 +1,8 @@
 """Request bodies handed from an ingress process to the replicas of its node through shared memory.
 
-Why: on the H100 box the service carried 3.0-3.3 GB/s of 9.6 MB bodies while the ingress's HTTP server
-alone carried 11.6 GB/s; each body was then put into Ray's object store on the ingress's event loop
-and fetched by the replica (BENCHMARKS.md §21). Here the ingress's HTTP server reads an ``.npy`` body
+Why: the service carried request bodies at a fraction of what the ingress's HTTP server alone
+carried; each body was then put into Ray's object store on the ingress's event loop and fetched by
+the replica (docs/why.md, service/shm.py). Here the ingress's HTTP server reads an ``.npy`` body
 straight into a file of its own under ``/dev/shm``; a replica on the same node is sent only where
 the images lie in it (``ShmImages``: the file, offset, shape and dtype) and maps it; a replica on
 another node is sent the array as before. The ingress removes the file once the request is

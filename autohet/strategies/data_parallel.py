@@ -42,14 +42,12 @@ class PoolMix(Enum):
     ``MIXED``: GPUs beside CPU groups, devices ~100-1000x apart in speed, where the seed's fixed image
     counts (right for its Caffe/GTX machines) give a CPU group minutes of work. ``GPUS``: every executor
     a GPU (a host's several GPUs): a unit must be whole batches (an inductor executor runs a partial batch
-    padded to its compiled one: fifo's 128 images on two H200s at batch 256 ran at 1.04x one GPU), and a
-    GPU's unit should be tens of milliseconds so its dispatch stays small. ``CPU_GROUPS``: every executor a
-    CPU core group, where a batch is 0.05-3 s of work (batch 16 on one core of the 2-core box: 0.8 s of
-    resnet18, 3 s of vgg16), so a unit of one batch costs little in dispatch and caps the tail at one
-    batch, where the seed's 64-128-image units are 4-8 batches: in a tune's 128-image trial over two 1-core
-    groups, fifo's 128 went to one group alone (0.45 of the limit), and the tune exported quick. Over the
-    same groups, fifo at one batch ran 0.90-1.11x ONNX Runtime's own two threads on resnet18, median 1.02 in
-    nine rounds by turns (BENCHMARKS 29). ``OTHER``: simulated executors, one GPU alone: the seed's sizes."""
+    padded to its compiled one, so a part-filled unit costs a whole batch), and a GPU's unit should be tens
+    of milliseconds so its dispatch stays small. ``CPU_GROUPS``: every executor a CPU core group, where a
+    batch is up to seconds of work, so a unit of one batch costs little in dispatch and caps the tail at
+    one batch, where the seed's 64-128-image units are 4-8 batches and can leave a small trial's work to
+    one group alone (docs/why.md, strategies/data_parallel.py). ``OTHER``: simulated executors, one GPU
+    alone: the seed's sizes."""
 
     MIXED = "mixed"
     GPUS = "gpus"
@@ -274,8 +272,8 @@ class FastSplitScheduler(DataParallelStrategy):
     }
 
     def suggested_defaults(self, spec: PoolSpec) -> dict[str, Any]:
-        # H100 box (BENCHMARKS 2a): w_s=2 batches, r=0.8, threshold=1 reached 0.990-0.994 of the limit; a
-        # threshold of 100 images hands a CPU group up to ~10 s of vgg16 at the end
+        # settings that ran near the limit beside a GPU; a threshold counted in images hands a
+        # CPU group a long tail at the end (docs/why.md, strategies/data_parallel.py)
         return pool_suited(spec, {"unit": "batches", "w_s": 2, "r": 0.8, "threshold": 1},
                            {"unit": "batches", "w_s": 1, "threshold": 1})
 

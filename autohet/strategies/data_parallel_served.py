@@ -62,8 +62,8 @@ class DataParallelServed(Served):
     def stream(self, windows: Iterable[list[np.ndarray]], lock: Any = None) -> Iterator[np.ndarray]:
         """Each window staged (``Pool.stage``: a GPU copies it into its next pinned buffer) on a thread of
         its own while the window before it runs, so the devices do not wait for the host between calls:
-        on the H100 box a 1792-image resnet18 window took 0.10 s to join and 0.03 s to stage, against
-        0.04 s of GPU work (BENCHMARKS 14)."""
+        joining and staging a window can take longer than the GPU's work on it (docs/why.md,
+        strategies/data_parallel_served.py)."""
         from concurrent.futures import ThreadPoolExecutor
 
         if self.pool.overlaps_windows() and all(self.alive):  # one GPU: windows queued back to back

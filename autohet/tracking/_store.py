@@ -36,9 +36,9 @@ def mlflow_client(uri: str | None):
 
 def seed_sqlite_store(uri: str) -> bool:
     """A new sqlite store starts as a copy of an empty one of this MLflow version (``empty_store``):
-    MLflow builds a new one by running its schema migrations, 3 s of a small tune's 45 s on the
-    2-core box, in every fresh runs/ folder. False (MLflow builds it) where there was a store already,
-    or no template could be made."""
+    MLflow builds a new one by running its schema migrations, a noticeable share of a small tune
+    (docs/why.md, tracking/_store.py), in every fresh runs/ folder. False (MLflow builds it) where
+    there was a store already, or no template could be made."""
     if not uri.startswith("sqlite:///"):
         return False
     target = Path(uri[len("sqlite:///"):])

@@ -1,18 +1,16 @@
 """The finals: a tune's few best configurations measured again, by turns, before one is exported.
 
 A tune's best trial is the largest of many noisy figures, so it is biased upward, and the trials
-close to it are as likely to be the faster configuration. On the 2-core box the README job exported a
-``hat`` over one ONNX Runtime group whose trial measured 41.5 img/s, 7% above its own executor's
-``single`` (38.5); its reruns ran 0.94x that executor's peer (BENCHMARKS 24). So the ok trials within
-``final_within`` of the best (at most ``finalists``, distinct configurations) run again through the
-same trial path, one after another, for ``rounds`` rounds, in the time the search left (at least
-``FINAL_SHARE`` of the trial budget is kept for them); the one with the best median exports. A finalist
-whose final run is not ok (wrong outputs, cut, refused, an error) is out: it did not repeat.
+close to it are as likely to be the faster configuration (docs/why.md, tuning/finals.py). So the ok
+trials within ``final_within`` of the best (at most ``finalists``, distinct configurations) run again
+through the same trial path, one after another, for ``rounds`` rounds, in the time the search left
+(at least ``FINAL_SHARE`` of the trial budget is kept for them); the one with the best median
+exports. A finalist whose final run is not ok (wrong outputs, cut, refused, an error) is out: it
+did not repeat.
 
 Where the search left time over, each final run measures up to ``FINAL_MOST_SCALE`` times its trial's
-images (``final_scale``): on the 2-core box a 3-s resnet18 trial gives each 1-core group four batches,
-and the data-parallel trials over those groups read 30-39 img/s in one tune, while its 30 trials
-ended more than 350 s before the budget (BENCHMARKS 29).
+images (``final_scale``): a short trial gives a slow group few batches, and its figure is noisy, while
+a tune's trials can end well before its budget (docs/why.md, tuning/finals.py).
 
 Pure decisions (``pick_finalists``, ``final_choice``) are separate from running them (``run_finals``,
 which takes the trial runner as a function) so tests drive them with fakes.
@@ -139,8 +137,8 @@ def finals_table(finalists: list[Finalist], primary: Objective, winner: Finalist
 def finalists_of(runs: list[Any], primary: Objective) -> list[Finalist]:
     """The tune's ok trial runs (MLflow) as candidates: those whose Tune config was logged. A final
     run is expected to take its trial's seconds less its acquiring (its executors' builds are kept):
-    on the H100 box the GPU single's 21 s trial held 17 s of acquiring (inductor's compile), and a
-    300 s tune's finals ran none, each expected longer than the time left (BENCHMARKS 25)."""
+    a compiled executor's acquiring can be most of its trial, and counting it kept the finals from
+    running at all (docs/why.md, tuning/finals.py)."""
     from autohet.core.objectives import TrialKey
     from autohet.tracking import CONFIG_TAG, run_status
 
@@ -160,8 +158,8 @@ def trial_runner(setup: Any, on_result: Callable[[dict[str, Any]], None]
                  ) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A final run as the trials ran: ``run_trial`` on the manager's executors, here in the tune's own
     process, its result handed to ``on_result`` (the tune's accounting). A Ray task of its own paid a
-    fresh worker's imports first: on the 2-core box vgg16's first final run took 28 s against its
-    trial's 14 s, and the finals' 58 s held one run (BENCHMARKS 25)."""
+    fresh worker's imports first, which left the finals time for fewer runs (docs/why.md,
+    tuning/finals.py)."""
     from autohet.tuning.trainable import run_trial
 
     def run(config: dict[str, Any]) -> dict[str, Any]:

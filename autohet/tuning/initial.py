@@ -29,16 +29,12 @@ __all__ = ["CLOSE_TO_BEST", "CPU_VARIANTS", "PROBES_MOST", "CpuVariant", "FirstP
            "initial_points", "split_winner", "staged_points", "with_best"]
 
 
-# A CPU group's variants (backend, precision, channels_last), the fastest first as measured on the
-# 2-core box (vgg16, 2 threads: OpenVINO bf16 14.4 img/s, eager bf16 channels_last 12.3, ONNX Runtime
-# 7.1, OpenVINO f32 7.3, eager fp32 channels_last 6.1, eager fp32 4.2) and the H100 box's 15 cores
-# (resnet18: OpenVINO bf16 731, inductor bf16 channels_last 556, eager bf16 channels_last 318, ONNX
-# Runtime 235; issue 26). Variants the space leaves out (bf16 without AVX512-BF16/AMX, a backend not
-# installed) are skipped; the pool's own setting comes last. ONNX Runtime with NNPACK's layers comes before
-# plain ONNX Runtime: where the model has no layer NNPACK wins it is the same program, and on vgg16 it ran
-# 1.07x (in-process A/B rounds) to 1.11-1.18x (`autohet run`) ONNX Runtime on the 2-core box (BENCHMARKS 27).
-# OpenVINO runs with its THROUGHPUT hint (streams 0: a stream per core or so) and with one stream
-# (LATENCY's choice): on the 2-core box lenet ran 10106 img/s on one stream and 7609 on two.
+# A CPU group's variants (backend, precision, channels_last), the fastest first as measured (docs/why.md,
+# tuning/initial.py). Variants the space leaves out (bf16 without AVX512-BF16/AMX, a backend not installed)
+# are skipped; the pool's own setting comes last. ONNX Runtime with NNPACK's layers comes before plain ONNX
+# Runtime: where the model has no layer NNPACK wins it is the same program, and on vgg16, which has such
+# layers, it ran faster. OpenVINO runs with its THROUGHPUT hint (streams 0: a stream per core or so) and with
+# one stream (LATENCY's choice), which a small model can run faster.
 class CpuVariant(NamedTuple):
     backend: str
     precision: str
@@ -64,10 +60,8 @@ _PROBE_STRATEGY = "fifo"
 def split_winner(probes: list[tuple[float, dict[str, Any]]], objective: Objective) -> dict[str, Any]:
     """The split probes' ``exec.cpu.*`` values to carry (``probes``: each probe's figure and values): the
     best, or a probe that refines its backend (``CPU_REFINES``) at otherwise the same settings and came
-    within CLOSE_TO_BEST of it. In a README-job tune on the 2-core box, vgg16's probes over two 1-core
-    groups read `onnxruntime_nnpack` 4.233 against `onnxruntime`'s 4.356 img/s (64 images each, 0.66
-    and 0.81 of their standalone speeds), where `autohet run` gave 6.11-6.53 against 5.00-5.27 by turns
-    (BENCHMARKS 30)."""
+    within CLOSE_TO_BEST of it: the probes' short trials can rank a refinement just below its plain
+    backend where a full run ranks it well above (docs/why.md, tuning/initial.py)."""
     from autohet.executors.cpu_backends import CPU_REFINES
 
     figure, best = min(probes, key=lambda probe: objective.rank(probe[0]))
@@ -105,11 +99,10 @@ class Stage(NamedTuple):
     per_close_cpu: bool = False
 
     def filled(self, known: Known) -> list[dict[str, Any]]:
-        """A point on groups of another size than the best CPU single's keeps its own CPU batch: in a
-        README-job tune on the 2-core box, ONNX Runtime at batch 64 (which a 2-core group's single had won
-        by 0.7%) made a vgg16 ``static`` trial over two 1-core groups take 106 s at 3.7 img/s; at their
-        own 16, ``chunk`` over them ran 6.1 (BENCHMARKS 28). On the split probes' groups it takes the winning
-        probe's settings, its batch included: they were measured there."""
+        """A point on groups of another size than the best CPU single's keeps its own CPU batch: a batch
+        that won narrowly on one group size can be slow on smaller groups (docs/why.md, tuning/initial.py).
+        On the split probes' groups it takes the winning probe's settings, its batch included: they were
+        measured there."""
         if self.per_close_cpu:
             return [{**with_best(point, known.best, self.keep | {"exec.cpu.batch"}), **variant}
                     for point in self.points for variant in known.close_cpu]
@@ -133,8 +126,8 @@ class FirstPoints:
     On a pool of several GPUs stage one is each GPU setting's single alone (its backends), then every
     GPU together (``gpus_together``: data-parallel over the GPUs without the CPU groups, at the best
     single's settings), then the GPU's other batches (``gpu_batches``) and the CPU group's singles
-    (``cpu_singles``), then the rest as on one GPU: where dividing the work pays (two H200s: one
-    torch.compile process each ran 2.0x one), it is measured right after the GPUs' own speed."""
+    (``cpu_singles``), then the rest as on one GPU: where dividing the work pays (docs/why.md,
+    tuning/initial.py), it is measured right after the GPUs' own speed."""
 
     singles: list[dict[str, Any]]
     strategies: list[dict[str, Any]]
@@ -146,9 +139,8 @@ class FirstPoints:
 
     def later(self) -> list[Stage]:
         """The stages after the first, in order (``StagedSearch``). With split probes the strategies take
-        the probes' settings, so the whole group's other batches feed only its ``single`` and go last: in
-        a README-job tune on the 2-core box, vgg16's batch stage took 170 s (NNPACK's layers timed at batch
-        64, then 4) of the 585 s, for 5.22 img/s at 64 against 5.25 at 16 (BENCHMARKS 30)."""
+        the probes' settings, so the whole group's other batches feed only its ``single`` and go last: the
+        batch stage can take much of a tune for little gain (docs/why.md, tuning/initial.py)."""
         batches = Stage(self.batches, frozenset({"exec.cpu.batch"}))
         gpus = [Stage(self.gpus_together), Stage(self.gpu_batches, frozenset({"exec.gpu.batch"})),
                 Stage(self.cpu_singles, _CPU_KEYS)] if self.gpus_together else []
@@ -220,8 +212,8 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     seen = {tuple(base.get(f"exec.cpu.{k}") for k in CpuVariant._fields)}
     beside_gpu = any(e.uses_gpu for e in pool.executors)
     for variant in CPU_VARIANTS:
-        if beside_gpu and backend(variant.backend).compiles:
-            continue  # minutes of compiling for a group that adds under 1% next to a GPU (BENCHMARKS 2a)
+        if beside_gpu and backend(variant.backend).compiles:  # minutes of compiling for a group that adds
+            continue  # little next to a GPU (docs/why.md, tuning/initial.py)
         point = dict(base)
         for name, value in variant.settings().items():
             dim = dims.get(name)
@@ -239,10 +231,9 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
 
 def _cpu_batches(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Single on the CPU group at each batch choice but its first points' one, the largest first (its
-    backend, precision and layout are the best CPU single's: ``Stage.filled``). In-process on the 2-core
-    box, vgg16 with NNPACK's layers ran 6.05 img/s at batch 64 (BENCHMARKS 28) against 5.56 at 16 (27);
-    resnet18's ONNX Runtime gained nothing (37.8 at 64, 41.9 at 16 in one tune). None beside a GPU,
-    where a CPU group adds under 1%."""
+    backend, precision and layout are the best CPU single's: ``Stage.filled``): a larger batch paid for
+    some models and backends and not others (docs/why.md, tuning/initial.py). None beside a GPU, where a
+    CPU group adds little."""
     found = _cpu_group(space, pool)
     dim = space.executors.get("cpu", {}).get("batch")
     if found is None or dim is None or any(e.uses_gpu for e in pool.executors):
@@ -272,7 +263,8 @@ def _split_probes(space: SearchSpace, pool: PoolSpec, strategies: list[dict[str,
 def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode: RunMode) -> list[dict[str, Any]]:
     """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
     first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
-    would run instead, and a short tune (mobilenet_v2, 5 trials, H100 box) ran out of time before it."""
+    would run instead, so it goes early: a short tune can end before later points (docs/why.md,
+    tuning/initial.py)."""
     base = {"strategy": BASELINE, f"{BASELINE}.executor": index, **defaults}
     ours: list[dict[str, Any]] = [base]
     for name in ("backend", "batch"):

@@ -104,7 +104,7 @@ def size_trials(model: ModelSpec, settings: TuneSettings, pool: TunePool, state:
     classes = output_classes(model, pool)
     if per_request and settings.images == "auto":
         # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
-        # pool-wide standalone pass (it took 20-30 s of a GPU box's 100 s latency tunes)
+        # pool-wide standalone pass (a large share of a short latency tune: docs/why.md, tuning/sizing.py)
         images = max(settings.min_images, settings.latency_runs)
     elif settings.images == "auto":
         sizing = sizing(pool.manager, settings, classes)

@@ -27,9 +27,8 @@ __all__ = ["TrialSetup", "TrialSizing", "cut_deadline", "engine_shortfall", "ref
 class TrialSizing:
     """Images per throughput trial: about ``target_s`` of work at the best speed known so far (the
     pool at its own settings, measured first, or the fastest valid trial since), rounded to a power of
-    sqrt(2) so that few distinct sizes occur (each needs its own reference outputs). On the H100 box
-    a model running 160k img/s ran 0.6 s trials under the old cap of 100000 images, and its best
-    single reached 0.84 of its own standalone speed (issue 26)."""
+    sqrt(2) so that few distinct sizes occur (each needs its own reference outputs). ``max_images``
+    must leave a fast model's trials long enough to reach its speed (docs/why.md, tuning/trial_setup.py)."""
 
     target_s: float
     min_images: int
@@ -93,8 +92,8 @@ def trial_images(sizing: TrialSizing, best_ips: float | None, spec: PoolSpec, ow
                  single: int | None = None) -> int:
     """A throughput trial's images: ``sizing``'s (at ``own_ips``, a single's own speed, where given),
     and at least two batches of each executor (of executor ``single`` alone, for such a single): a slow
-    model (vgg16 at 4-5 img/s on the 2-core box) ran 32-image trials, one batch per executor, whose
-    figures moved by 20% from run to run and picked configurations that ran slower when rerun."""
+    model's trials of one batch per executor gave figures too noisy to rank configurations by
+    (docs/why.md, tuning/trial_setup.py)."""
     images = sizing.images_at(own_ips) if own_ips else sizing.images(best_ips)
     executors = spec.executors[single:single + 1] if single is not None else spec.executors
     return max(images, 2 * sum(e.batch for e in executors))
@@ -107,12 +106,9 @@ def single_speed(strategy: str, params: dict[str, Any], manager: Any, setup: Tri
 
     Such a trial is sized to its own speed and cut only against it, slower or faster than the speed
     the trials are sized by: the first points run ``single`` on the CPU group at each backend and
-    precision to find its best settings before any strategy splits the work. Sized for the GPU beside
-    it and cut at 1/cut_factor of the GPU's speed, all eight of them were cut in a default resnet18
-    tune on the H100 box (~12 s each, their actors replaced), and the strategies after them ran their
-    CPU groups at the pool's eager fp32 (BENCHMARKS 23). Sized at a CPU-only pool's own eager speed,
-    the first point (OpenVINO bf16, 15 streams, 1041 img/s alone) ran 362 images in 0.4 s, measured
-    904 img/s, and lost to a 3-stream setting its 3 s trials measured at 1035 (BENCHMARKS 24)."""
+    precision to find its best settings before any strategy splits the work. Sized and cut by the GPU
+    beside it, such singles were all cut; sized at a CPU-only pool's own eager speed, a fast CPU
+    setting ran too short a trial and lost to a slower one (docs/why.md, tuning/trial_setup.py)."""
     import ray
 
     index = params.get("executor")
@@ -161,8 +157,8 @@ def refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec
                             setup: TrialSetup) -> None:
     """A throughput trial of an engine family is refused before it runs when its devices, each at the
     best figure measured for it at any setting, together fall short of the best valid trial by more
-    than ``ENGINE_HEADROOM``: on the 2-core box four such trials were each cut after ~70 s, 46% of the
-    README main job's budget, next to an OpenVINO single twice as fast as their torch devices."""
+    than ``ENGINE_HEADROOM``: such trials otherwise run until they are cut, spending much of a tune's
+    budget (docs/why.md, tuning/trial_setup.py)."""
     import ray
 
     if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:

@@ -192,8 +192,8 @@ def _stop_manager(manager: Any, answered: bool) -> None:
 
 def answer_or_none(ref: Any, timeout_s: float) -> Any:
     """The value of a Ray call, or None when it has not come within ``timeout_s`` or its actor is gone
-    or restarting (Ray's memory monitor killed the manager of a 2-core box's README vgg16 tune after
-    its last trial: the finished trials must still be exported)."""
+    or restarting (Ray's memory monitor can kill the manager after the last trial, and the finished
+    trials must still be exported: docs/why.md, tuning/tuner.py)."""
     import ray
 
     try:

@@ -147,8 +147,9 @@ def import_tensor_intrin() -> None:
     one waste: each of its ~500 ``T.prim_func`` calls ``inspect.stack()``, whose ``inspect.getmodule``
     scans all of ``sys.modules`` (~2000 with torch) for every frame of the frozen import machinery, only
     to return None for it (a frame has no ``__module__`` or ``__name__``, and no module's file is
-    ``<frozen ...>``). Here such a frame's None comes at once: the import took 75 s on the 2-core box, 9 s
-    this way; every other lookup, and everything after the import, is inspect's own."""
+    ``<frozen ...>``). Here such a frame's None comes at once, which makes the import several times
+    faster (docs/why.md, block_runners/tvm); every other lookup, and everything after the import, is
+    inspect's own."""
     import inspect
     import sys
 

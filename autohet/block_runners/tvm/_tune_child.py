@@ -26,8 +26,8 @@ _POOLS: dict[tuple, Any] = {}
 
 
 def _keep_builder_workers() -> None:
-    """LocalBuilder restarts its worker processes for every batch, and each new worker spends ~16 s
-    importing ``tvm.s_tir.tensor_intrin`` on a 2-core machine, which dwarfs the builds. In this
+    """LocalBuilder restarts its worker processes for every batch, and each new worker spends far longer
+    importing ``tvm.s_tir.tensor_intrin`` than the builds take (docs/why.md, block_runners/tvm). In this
     child process only, the builder's pool is created once and kept."""
     from tvm.s_tir.meta_schedule.builder import local_builder
 

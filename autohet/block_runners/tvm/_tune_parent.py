@@ -10,11 +10,11 @@ compilation applies the database. ``trials`` is the total number of measured can
 tasks of the job, split evenly between tasks (``max_trials_per_task = ceil(trials / tasks)``).
 Only convolution, matmul/dense and pooling tasks are tuned; the rest keep default schedules.
 
-A ``TuneSession`` keeps one child for several jobs (one per model, say): its imports (~15-30 s for
-``tvm.s_tir.tensor_intrin``) and the builder's worker processes are paid for once. ``budget_s`` is a
-soft limit, in seconds from the call: after it the search proposes no new candidates, the batch in
-flight finishes and its records go to the database; ``timeout_s`` is the hard one, after which the
-parent kills the child (records already written are kept).
+A ``TuneSession`` keeps one child for several jobs (one per model, say): its imports (slow for
+``tvm.s_tir.tensor_intrin``: docs/why.md, block_runners/tvm) and the builder's worker processes are
+paid for once. ``budget_s`` is a soft limit, in seconds from the call: after it the search proposes
+no new candidates, the batch in flight finishes and its records go to the database; ``timeout_s`` is
+the hard one, after which the parent kills the child (records already written are kept).
 
 On CUDA the parent first settles how TVM compiles kernels (``ensure_cuda``) and passes that, and the
 folders of its CUDA libraries (LD_LIBRARY_PATH), to the child; MetaSchedule's builder and runner

@@ -4,9 +4,9 @@
 (f32, or bf16 where the CPU computes it natively; several streams, asynchronous infer requests);
 ``onnxruntime`` is ONNX Runtime's CPU provider (fp32); ``onnxruntime_nnpack`` is ONNX Runtime with
 the wide 3x3 convolutions that NNPACK (Winograd) computes faster on the group cut out and run by
-PyTorch. On a CPU, OpenVINO and ONNX Runtime run resnet18 1.8-2x faster per core than eager PyTorch
-(BENCHMARKS.md 14), so a tune that leaves them out leaves the CPU at half its speed. Heavy packages
-are imported only by the backend that uses them.
+PyTorch. On a CPU, OpenVINO and ONNX Runtime run far faster per core than eager PyTorch (docs/why.md,
+executors/cpu_backends), so a tune that leaves them out leaves much of the CPU's speed unused. Heavy
+packages are imported only by the backend that uses them.
 """
 
 from __future__ import annotations

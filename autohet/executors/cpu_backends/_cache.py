@@ -1,8 +1,8 @@
 """Converted models on disk: one per (model, weights, input shape, converter), written atomically.
 
-Converting a torchvision CNN to OpenVINO IR or ONNX takes 2-20 s on the 2-core box; loading the
-result takes 0.1-0.6 s. Every executor, trial and later run on the machine shares the file, under
-the compile cache (``runs/compile_cache/``).
+Converting a torchvision CNN to OpenVINO IR or ONNX takes seconds; loading the result takes a small
+part of that (docs/why.md, executors/cpu_backends/_cache.py). Every executor, trial and later run on
+the machine shares the file, under the compile cache (``runs/compile_cache/``).
 """
 
 from __future__ import annotations

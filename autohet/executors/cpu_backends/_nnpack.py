@@ -2,12 +2,11 @@
 
 ONNX Runtime's CPU kernels compute a 3x3 convolution directly; NNPACK (built into PyTorch's CPU
 wheel) computes it by Winograd's transform, with fewer multiplications, which pays where the layer
-is wide enough for the transforms to be cheap next to the products. On the 2-core box (AVX2, 2
-threads, batch 16) vgg16's fourth stage (512 channels at 28x28) took 646 ms in NNPACK against 906
-ms in ONNX Runtime, its first stage 960 against 462 ms; resnet18's stages were all slower in NNPACK
-(BENCHMARKS.md 27). So the program is the model cut around its candidate layers, each candidate
-timed both ways on the executor's own cores at its batch, and the layers NNPACK won run as PyTorch
-modules between ONNX Runtime sessions of the rest.
+is wide enough for the transforms to be cheap next to the products; a narrow layer is slower in
+NNPACK, and a model may have no layer it wins (docs/why.md, executors/cpu_backends/_nnpack.py). So
+the program is the model cut around its candidate layers, each candidate timed both ways on the
+executor's own cores at its batch, and the layers NNPACK won run as PyTorch modules between ONNX
+Runtime sessions of the rest.
 
 Candidates: 3x3 convolutions of stride 1 and dilation 1, one group, at least ``MIN_CHANNELS`` in and
 out, that can be cut out of the model with one tensor crossing either side (a layer inside a
@@ -42,8 +41,8 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_CHANNELS", "NnpackBackend", "NnpackConv2d", "SegmentedProgram", "candidate_cuts", "nnpack_module"]
 
-# the narrowest layer NNPACK is tried on: vgg16's 128-channel stage lost to ONNX Runtime on the 2-core
-# box (734 vs 582 ms), its 256- and 512-channel stages at 28-56 px tied or won
+# the narrowest layer NNPACK is tried on: vgg16's 128-channel stage lost to ONNX Runtime, its 256- and
+# 512-channel stages tied or won (docs/why.md, executors/cpu_backends/_nnpack.py)
 MIN_CHANNELS = 256
 _TIMED_RUNS = 3  # per candidate and side, after one untimed call; the best of them is compared
 

@@ -26,7 +26,8 @@ __all__ = ["OnnxRuntimeBackend", "OnnxRuntimeProgram", "export_onnx", "in_batche
 
 def export_onnx(module: Any, shape: tuple[int, ...], path: Any, legacy_first: bool = False) -> None:
     """``module`` as ONNX with a dynamic batch: torch's exporter, the TorchScript one where it fails
-    (``legacy_first``: the TorchScript one first, 0.2-0.5 s against 1-2 s for a block of vgg16)."""
+    (``legacy_first``: the TorchScript one first, the faster of the two: docs/why.md,
+    executors/cpu_backends/_onnxruntime.py)."""
     import torch
 
     example = (torch.zeros((1, *shape)),)
@@ -68,7 +69,8 @@ def ort_session(path: Any, cores: tuple[int, ...]) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     # spinning stays on (ORT's default): the workers are bound to the group's own cores (below), so a
-    # spinning one burns no other executor's core; off, resnet18 ran 39-40 img/s on the 2-core box, on 43-46
+    # spinning one burns no other executor's core; off, resnet18 ran slower (docs/why.md,
+    # executors/cpu_backends/_onnxruntime.py)
     if len(cores) > 1:  # the workers (all but the calling thread), one per further core, 1-based
         options.add_session_config_entry("session.intra_op_thread_affinities",
                                          ";".join(str(c + 1) for c in cores[1:]))

@@ -66,9 +66,9 @@ class OpenVinoProgram(CpuProgram):
     """A compiled model and an infer-request queue over it, a batch per request.
 
     The model has a static batch (a call's last partial batch padded with zero rows), as OpenVINO's own
-    THROUGHPUT peer: with a dynamic batch OpenVINO's THROUGHPUT hint ran 3 streams on the 15 cores of
-    the H200 box where the static batch ran 15 (BENCHMARKS.md 17), and explicit streams on a dynamic
-    batch ran 0.64-0.89x the peer. A call of several batches gives a batch to each free request; the
+    THROUGHPUT peer: with a dynamic batch OpenVINO's THROUGHPUT hint ran far fewer streams than the static
+    batch, and explicit streams on a dynamic batch ran slower than the peer (docs/why.md,
+    executors/cpu_backends/_openvino.py). A call of several batches gives a batch to each free request; the
     executor sends calls of enough batches (``fill_images``) that two in flight keep every request busy.
     ``OpenVinoBackend.dynamic_batch`` (kept to measure against, ``bench.cpu_executor_sweep``) builds the
     earlier dynamic-batch model instead, whose calls are spread over the requests in even pieces of at
@@ -221,7 +221,9 @@ class OpenVinoBackend(CpuBackend):
         xml = converted("openvino", source, shape, f"openvino-{ov.__version__}", (".xml", ".bin"), write)
         model = _core().read_model(str(xml))
         threads = max(1, len(spec.cores))
-        if not self.dynamic_batch or spec.streams == 1 or threads == 1:  # lenet batch 1: 0.34 ms, 0.55 dynamic
+        # a static batch where a dynamic one gains nothing: it ran lenet's batch 1 faster (docs/why.md,
+        # executors/cpu_backends/_openvino.py)
+        if not self.dynamic_batch or spec.streams == 1 or threads == 1:
             model.reshape([spec.batch, *shape])
         config: dict[str, Any] = {
             # explicit: on AMX and AVX512-BF16 CPUs OpenVINO's default is bf16, so fp32 must be asked for

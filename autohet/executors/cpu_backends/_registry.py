@@ -16,6 +16,6 @@ CPU_BACKENDS: dict[str, str] = {
 # backend -> the backend whose program it refines: the same program with parts replaced only where the
 # build timed them faster on the executor's own cores at its batch, so it is not slower by construction
 # and a trial that cannot tell the two apart keeps the refinement. ``onnxruntime_nnpack`` swaps in
-# NNPACK's convolution for each layer it measured faster (on the 2-core box vgg16's layers by 1.2-1.6x
-# each); its gain is the sum of those layers' and is easily lost in one short trial's noise
+# NNPACK's convolution for each layer it measured faster (docs/why.md, executors/cpu_backends/_registry.py);
+# its gain is the sum of those layers' and is easily lost in one short trial's noise
 CPU_REFINES: dict[str, str] = {"onnxruntime_nnpack": "onnxruntime"}

@@ -74,9 +74,7 @@ StagePrograms = BlockPrograms
 
 def default_depth(stages: int) -> int:
     """Frames in flight when not set: two per stage and two more. With one more than the stages a
-    frame's wait for the next stage showed as gaps on the GPU: on the H100 box, resnet18's GPU stage
-    ran every frame as fast as alone (median period 1.33 ms) but averaged 1.59 ms in the pipeline at
-    depth 3, 1.42 ms at depth 6 (``bench/pipeline_probe.py``)."""
+    frame's wait for the next stage showed as gaps on the GPU (docs/why.md, strategies/pipeline/_plan.py)."""
     return 2 * stages + 2
 
 
