@@ -100,22 +100,22 @@ def size_trials(model: ModelSpec, settings: TuneSettings, pool: TunePool, state:
     (``state``) keeps the images of the first run."""
     per_request = settings.objectives.mode.per_request
     limit: float | None = None
-    sizing = None
+    by_speed: TrialSizing | None = None
     classes = output_classes(model, pool)
     if per_request and settings.images == "auto":
         # trials time latency_runs batch-1 requests on the engine: no image count to size, and no
         # pool-wide standalone pass (a large share of a short latency tune: docs/why.md, tuning/sizing.py)
         images = max(settings.min_images, settings.latency_runs)
     elif settings.images == "auto":
-        sizing = sizing(pool.manager, settings, classes)
-        images, limit = sizing.images(None), sizing.base_ips
+        by_speed = sizing(pool.manager, settings, classes)
+        images, limit = by_speed.images(None), by_speed.base_ips
     else:
         images = int(settings.images)
     if state is not None:
         images = int(state["images"])
     if limit is None and settings.trial_timeout_s == "auto" and not per_request:
         limit = float(get_interruptibly(pool.manager.calibrate.remote(settings.standalone_seconds)))
-    return TrialPlan(images, sizing, settings.trial_timeout(images, limit or 0.0))
+    return TrialPlan(images, by_speed, settings.trial_timeout(images, limit or 0.0))
 
 
 def output_classes(model: ModelSpec, pool: TunePool) -> int:
