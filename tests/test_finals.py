@@ -183,3 +183,21 @@ def test_a_finalist_is_expected_to_take_its_trials_seconds_less_its_acquiring():
     assert (f.run_id, f.strategy, f.config, f.trial_value) == ("gpu", "single", {"strategy": "single",
                                                                                  "single.executor": 0}, 69728.0)
     assert f.trial_s == pytest.approx(4.6)
+
+
+def test_trials_sized_by_speed_from_the_pool_measured_first(monkeypatch) -> None:
+    """``images: auto``: the trials' images come from the pool's measured speed (a local once shadowed
+    the sizing function here and every such tune failed before its first trial)."""
+    from types import SimpleNamespace
+
+    from autohet.core.models import ModelSpec
+    from autohet.tuning import sizing
+
+    monkeypatch.setattr(sizing, "get_interruptibly", lambda value: value)
+    monkeypatch.setattr(sizing, "output_classes", lambda model, pool: 10)
+    manager = SimpleNamespace(calibrate=SimpleNamespace(remote=lambda seconds: 400.0))
+    settings = load_settings(None, {})
+    plan = sizing.size_trials(ModelSpec("lenet"), settings, SimpleNamespace(manager=manager), None)
+    assert plan.sizing is not None and plan.sizing.base_ips == 400.0  # exact: the fake's own figure
+    assert plan.images == plan.sizing.images(None) >= settings.min_images
+    assert plan.deadline_s == settings.trial_timeout(plan.images, 400.0)  # exact: the same arithmetic
