@@ -68,7 +68,7 @@ def test_declared_fake_gpu_is_taken_by_the_simulated_gpu_executor(ray_local):
 def test_an_executor_that_cannot_be_placed_ends_the_start_in_one_line(ray_local, monkeypatch):
     """The GPU held by another pool's actor: the new pool's GPU actor cannot start; the start ends
     with an error naming it instead of waiting forever."""
-    import autohet.pool.pools as pools
+    import autohet.pool.ray_pool as pools
 
     workload = Workload.from_spec(WorkloadSpec(64, (1, 28, 28)))
     holder = RayPool(load_pool("actors/sim_gpu.yaml"))
