@@ -1,11 +1,12 @@
 #!/bin/sh
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
-#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | tune | serve | phases | small | cpu_only
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | tune | serve | serve_v2 | phases | small | cpu_only
 # runtime: autohet.load's stream against the run it serves (hand-written configs; no Ray: fits the
 # call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
 # 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
-# over HTTP, and a replica killed mid-load. phases: serve_load runs of one config (CONFIG, RUNS), each
+# over HTTP, and a replica killed mid-load. serve_v2: the tuned config (CONFIG) at saturation through the Open
+# Inference Protocol v2, tritonclient's HTTP then gRPC clients (wheels + tritonclient's under /root/site). phases: serve_load runs of one config (CONFIG, RUNS), each
 # printing where a request's time went (Server-Timing) and the replica's stream. small: cifarnet's
 # peers and a default tune (issue 26's small, fast model). tune: tune_runtime's peers and default tune
 # alone. cpu_only: the CPU executor's OpenVINO settings next to the peer (bench.cpu_executor_sweep, SWEEP
@@ -96,6 +97,14 @@ case "$1" in
     t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$W/latency.yaml" --clients 1 \
       --npy-batch 1 --seconds 12 --out "$W/serve_latency.json" > "$W/serve_latency.log" 2>&1
     tail -8 "$W/serve_latency.log"; stop_ray ;;
+  serve_v2)  # issue 48: the tuned config through the Open Inference Protocol v2 (tritonclient), HTTP then gRPC
+    stop_ray; cfg=${CONFIG:-bench/results/h100_deploy/v7/tune_runtime/tuned.yaml}
+    for p in ${PROTOCOLS:-v2-http v2-grpc}; do
+      log "serve $cfg at saturation through $p (tritonclient, binary tensors): 64 clients in 8 processes, 64-image uint8 tensors, ${SERVE_SECONDS:-15} s"
+      t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients 64 --client-procs 8 \
+        --npy-batch 64 --pixels --protocol $p --seconds ${SERVE_SECONDS:-15} --out "$W/serve_$p.json" > "$W/serve_$p.log" 2>&1
+      tail -12 "$W/serve_$p.log"; stop_ray
+    done ;;
   phases)  # where a served request's time goes: serve_load runs of one config, RUNS="clients:procs:images ..."
     stop_ray; cfg=${CONFIG:-bench/results/h100_deploy/v7/tune_runtime/tuned.yaml}
     for run in ${RUNS:-64:4:64 128:4:64}; do
@@ -111,6 +120,6 @@ case "$1" in
     t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
     tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
-  *) echo "unknown section '$1': runtime, tune_runtime, tune, serve, phases, small or cpu_only"; exit 2 ;;
+  *) echo "unknown section '$1': runtime, tune_runtime, tune, serve, serve_v2, phases, small or cpu_only"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import io
 import json
 import os
@@ -360,7 +361,12 @@ def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
 
     if args.client_procs == 1:
         return _timed_load(url, bodies, args, tolerance)
-    context = multiprocessing.get_context("fork")  # the children run numpy and aiohttp only, no CUDA
+    context = multiprocessing.get_context("fork")  # the children run numpy and the clients only, no CUDA
+    # The offline step's CUDA objects are collected here, where CUDA is valid, and what still lives is
+    # frozen out of the children's collector: a forked child that frees a CUDA tensor aborts ("CUDA
+    # error: initialization error", seen with tritonclient's clients on the H200 box).
+    gc.collect()
+    gc.freeze()
     children = []
     for p in range(args.client_procs):
         share = args.clients // args.client_procs + (p < args.clients % args.client_procs)
@@ -370,6 +376,7 @@ def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
         proc = context.Process(target=_load_child, args=(child, url, bodies, child_args, tolerance), daemon=True)
         proc.start()
         children.append((proc, parent))
+    gc.unfreeze()
     tally, walls, fault, cpu = Tally(), [], {}, 0.0
     for p, (proc, conn) in enumerate(children):
         part, wall, part_fault, part_cpu = conn.recv()

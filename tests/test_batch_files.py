@@ -5,6 +5,7 @@ and listed; preprocessing as torchvision's ImageNet evaluation."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -57,7 +58,12 @@ def test_a_folder_gives_one_jsonl_line_per_image_in_path_order(tmp_path, images,
         assert len(row["top5"]) == 5 and len(set(row["top5"])) == 5 and all(0 <= i < 10 for i in row["top5"])
         assert row["scores"] == sorted(row["scores"], reverse=True) and 0 < sum(row["scores"]) <= 1.0 + 1e-5
     assert summary["images"] == 4 and summary["skipped"] == [] and summary["check"]["images"] == 4
-    assert summary["decode"]["cores"] and summary["decode"]["shared_with_devices"] is True  # cpu2 pins both cores
+    # the decoders take the cores that cpu2 (cores 0 and 1) leaves free, or share them all where none is
+    # (the 2-core box); which one depends on the box, so the expectation follows its affinity
+    allowed = sorted(os.sched_getaffinity(0))
+    free = [c for c in allowed if c not in (0, 1)]
+    assert summary["decode"]["cores"] == (free or allowed)
+    assert summary["decode"]["shared_with_devices"] is (not free)
 
 
 def test_a_corrupt_image_is_one_line_exit_2_and_no_output_file(tmp_path, images, capsys):

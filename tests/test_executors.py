@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -172,7 +173,6 @@ def test_an_in_process_pool_pins_its_own_threads_not_the_caller(lenet_workload):
 def test_an_in_process_pool_loads_its_gpu_executors_before_the_others(lenet_workload, monkeypatch):
     """A GPU's CUDA-graph capture beside a CPU backend's model export on another thread failed on the
     H200 box: a GPU executor's load ends before any other executor's load begins."""
-    import threading
     import time
 
     from autohet.executors.sim import SimExecutor
@@ -206,7 +206,6 @@ def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     one thread for its feeder core: the group still runs on its own team. torch stores the count
     process-wide and a thread's first op resets its team to it; this failed (1 thread) before
     ``own_threads``."""
-    import threading
 
     from autohet.executors.cpu import own_threads
 
@@ -239,7 +238,6 @@ def test_a_cpu_groups_team_is_bound_one_thread_to_a_core_where_asked(monkeypatch
     """With ``AUTOHET_BIND_TEAMS=1`` the group's thread goes to its first core and its OpenMP team's
     other thread to the second; later parallel ops reuse that team (no new threads, still one to a
     core)."""
-    import threading
 
     monkeypatch.setenv("AUTOHET_BIND_TEAMS", "1")
 
@@ -260,6 +258,39 @@ def test_a_cpu_groups_team_is_bound_one_thread_to_a_core_where_asked(monkeypatch
     t.join(60)
     assert not t.is_alive(), "the group's thread still runs after 60 s"
     assert seen == {"me": {0}, "team": [{1}], "new": set(), "threads": 2}
+
+
+@pytest.mark.parametrize("nice", ["10", "0"])
+def test_a_cpu_groups_compute_threads_give_way_to_the_feeders(monkeypatch, nice):
+    """A CPU group's thread (and a thread it makes after, as ONNX Runtime's workers) runs at nice
+    AUTOHET_CPU_NICE; the main thread, whose later threads feed the GPUs, keeps its own."""
+    if not hasattr(os, "setpriority"):
+        pytest.skip("no thread priorities here")
+    monkeypatch.setenv("AUTOHET_CPU_NICE", nice)
+    from autohet.executors.cpu import pin_thread
+
+    def priority() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    main_before = priority()
+    seen: dict[str, int] = {}
+
+    def group() -> None:
+        before = priority()
+        pin_thread((0,), yields=True)
+        child = threading.Thread(target=lambda: seen.update(child=priority()))
+        child.start()
+        child.join()
+        seen.update(before=before, me=priority())
+
+    t = threading.Thread(target=group)
+    t.start()
+    t.join(60)
+    assert not t.is_alive(), "the group's thread still runs after 60 s"
+    want = max(int(nice), seen["before"]) if nice != "0" else seen["before"]
+    assert seen == {"before": seen["before"], "me": want, "child": want}
+    pin_thread((0,), yields=True)  # on the main thread: nothing changes
+    assert priority() == main_before
 
 
 def test_a_latency_measurement_has_no_made_up_limit(lenet_workload):

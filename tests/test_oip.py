@@ -126,6 +126,32 @@ def test_bad_requests_get_400_naming_the_fix():
         assert fix in reason, (fix, reason)
 
 
+def test_a_model_infer_request_is_read_with_its_tensors_left_in_the_wire_bytes():
+    """``read_infer_request``: every field but the tensors as protobuf reads them, the tensors as views
+    of the wire bytes (no copy), in order; bytes that are not a message are a 400."""
+    from tritonclient.grpc import service_pb2 as triton
+
+    from autohet.service import oip_messages_pb2 as pb
+    from autohet.service.oip_grpc import read_infer_request
+
+    raws = [bytes(range(256)) * 40, b"", b"\x07" * 3]
+    message = triton.ModelInferRequest(
+        model_name="cifarnet", model_version="1", id="r9", raw_input_contents=raws,
+        parameters={"sequence_id": triton.InferParameter(int64_param=7)},
+        inputs=[triton.ModelInferRequest.InferInputTensor(name="input", datatype="UINT8", shape=[1, 3, 32, 32])],
+        outputs=[triton.ModelInferRequest.InferRequestedOutputTensor(name="logits")])
+    wire = message.SerializeToString()
+    head, views = read_infer_request(wire)
+    whole = pb.ModelInferRequest.FromString(wire)
+    assert [bytes(v) for v in views] == list(whole.raw_input_contents) == raws
+    assert all(v.obj is wire for v in views)  # views of the wire bytes, not copies
+    whole.ClearField("raw_input_contents")
+    assert head == whole and head.parameters["sequence_id"].int64_param == 7
+    assert read_infer_request(b"") == (pb.ModelInferRequest(), [])
+    for broken in (wire[:-2], wire[:3], b"\xff" * 11, b"\x3b", bytes([0x3A, 0x80])):  # cut, long varint, group
+        assert "not a valid protobuf message" in refused(400, read_infer_request, broken)
+
+
 def test_grpc_requests_read_by_the_protocol_descriptors():
     """A ModelInfer request as tritonclient.grpc writes it (its own ``inference`` messages), read by the
     service's messages; the answer read back by tritonclient's: one wire format."""

@@ -150,6 +150,8 @@ ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("AUTOHET_CPU_FLAGS", "", "CPU flags added or removed as autohet sees them (+avx512_bf16,-amx_bf16): "
                                     "another day's machine reproduced"),
     EnvVar("AUTOHET_PLUGINS", "", "comma-separated modules that register strategies on import"),
+    EnvVar("AUTOHET_CPU_NICE", "10", "the nice value of CPU groups' compute threads, which give way to the host "
+                                     "work feeding the other devices (0: unchanged; an A/B switch)"),
     EnvVar("AUTOHET_BIND_TEAMS", None, "1: bind each thread of a CPU group's OpenMP team to one core (an A/B switch)"),
     EnvVar("AUTOHET_DEBUG", None, "1: a command's error shows its traceback"),
     EnvVar("AUTOHET_STACK_DUMP_S", None, "seconds after which a command still running prints every thread's stack"),

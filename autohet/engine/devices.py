@@ -109,7 +109,7 @@ class CpuDevice(Device):
         self.cores = tuple(cores)
 
     def _setup(self) -> None:
-        pin_thread(self.cores, f"device {self.name}")  # this thread and its OpenMP team
+        pin_thread(self.cores, f"device {self.name}", yields=True)  # this thread and its OpenMP team
 
     def accept(self, value: Value) -> Any:
         if value.event is not None:

@@ -1,0 +1,128 @@
+"""What reading a ModelInfer request costs an ingress process: the message parsed whole by protobuf
+against ``read_infer_request`` (the tensors left in the wire bytes), side by side in one run.
+
+A gRPC server with one ModelInfer method runs in a process of its own, in one of two modes by turns:
+``protobuf`` (the request deserialised by protobuf, its tensor read from ``raw_input_contents``) and
+``walk`` (the wire bytes through ``autohet.service.oip_grpc.read_infer_request``); either way the tensor
+is then copied once, as the ingress copies it into shared memory, and the answer is FP32 logits.
+``tritonclient.grpc.aio`` clients in another process send ``--images`` uint8 224x224 images per request
+for ``--seconds``. Printed per round: requests, the server process's CPU milliseconds per request and
+its MB of tensor per CPU second; then each mode's median and their ratio.
+
+    python -m bench.grpc_ingress --rounds 4 --images 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import statistics
+import time
+
+import numpy as np
+
+SERVICE = "inference.GRPCInferenceService"
+PIXELS = 3 * 224 * 224
+
+
+def _serve(mode: str, port: int, images: int) -> None:
+    import grpc
+
+    from autohet.service import oip_messages_pb2 as pb
+    from autohet.service.oip_grpc import read_infer_request
+
+    logits = np.zeros((images, 1000), "<f4").tobytes()
+
+    async def infer(request, context):
+        if mode == "walk":
+            data = read_infer_request(request)[1][0]
+        else:
+            data = request.raw_input_contents[0]
+        landing = bytearray(len(data))
+        landing[:] = data  # the one copy the ingress makes (into shared memory)
+        tensor = pb.ModelInferResponse.InferOutputTensor(name="logits", datatype="FP32", shape=[images, 1000])
+        return pb.ModelInferResponse(model_name="m", outputs=[tensor], raw_output_contents=[logits])
+
+    async def main() -> None:
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 30)])
+        deserializer = None if mode == "walk" else pb.ModelInferRequest.FromString
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                infer, request_deserializer=deserializer, response_serializer=lambda m: m.SerializeToString())}),))
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def _load(port: int, images: int, clients: int, seconds: float, done: multiprocessing.Queue) -> None:
+    import tritonclient.grpc.aio as tc
+
+    async def main() -> int:
+        client = tc.InferenceServerClient(f"127.0.0.1:{port}")
+        x = np.random.default_rng(0).integers(0, 256, (images, 3, 224, 224), dtype=np.uint8)
+        end, sent = time.monotonic() + seconds, 0
+
+        async def one() -> None:
+            nonlocal sent
+            while time.monotonic() < end:
+                tensor = tc.InferInput("input", list(x.shape), "UINT8")
+                tensor.set_data_from_numpy(x)
+                await client.infer("m", [tensor], outputs=[tc.InferRequestedOutput("logits")])
+                sent += 1
+
+        await asyncio.gather(*[one() for _ in range(clients)])
+        await client.close()
+        return sent
+
+    done.put(asyncio.run(main()))
+
+
+def one_round(mode: str, args: argparse.Namespace, port: int) -> dict[str, float]:
+    import psutil
+
+    context = multiprocessing.get_context("spawn")
+    server = context.Process(target=_serve, args=(mode, port, args.images), daemon=True)
+    server.start()
+    time.sleep(2.0)  # the server's start
+    try:
+        process = psutil.Process(server.pid)
+        before = process.cpu_times()
+        done: multiprocessing.Queue = context.Queue()
+        client = context.Process(target=_load, args=(port, args.images, args.clients, args.seconds, done))
+        client.start()
+        requests = done.get(timeout=args.seconds + 60)
+        client.join()
+        after = process.cpu_times()
+    finally:
+        server.kill()
+        server.join()
+    cpu = (after.user + after.system) - (before.user + before.system)
+    megabytes = requests * args.images * PIXELS / 1e6
+    return {"requests": requests, "ms_per_request": 1000 * cpu / max(requests, 1), "mb_per_cpu_s": megabytes / cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--images", type=int, default=64, help="uint8 224x224 images per request")
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--port", type=int, default=50177)
+    args = parser.parse_args()
+    rows: dict[str, list[dict[str, float]]] = {"protobuf": [], "walk": []}
+    for k in range(args.rounds):
+        for mode in rows:
+            row = one_round(mode, args, args.port + 2 * k + (mode == "walk"))
+            rows[mode].append(row)
+            print(f"round {k + 1} {mode:8s} {row['requests']:5d} requests  {row['ms_per_request']:6.2f} ms CPU "
+                  f"per request  {row['mb_per_cpu_s']:5.0f} MB per CPU s", flush=True)
+    medians = {mode: statistics.median(r["ms_per_request"] for r in got) for mode, got in rows.items()}
+    print(f"median server CPU per {args.images}-image request: protobuf {medians['protobuf']:.2f} ms, walk "
+          f"{medians['walk']:.2f} ms: walk / protobuf {medians['walk'] / medians['protobuf']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
