@@ -107,8 +107,9 @@ def yield_to_feeders() -> None:
     OpenMP team inherit it). A CPU group's compute then gives way, on the cores it shares, to the host
     work that feeds the other devices: a GPU's staging copies, a stream's readers and collectors. Beside a
     GPU fed a float32 stream, a 15-core group and the staging copies shared every core and the stream ran
-    at 0.78x its run (BENCHMARKS.md §32). The main thread is left alone: the threads it makes later are
-    those feeders. Raising a thread's nice needs no privilege; lowering it again would, so it is done once."""
+    at 0.65-0.78x its run, 0.80x with this (BENCHMARKS.md §32). The main thread is left alone: the
+    threads it makes later are those feeders. Raising a thread's nice needs no privilege; lowering it
+    again would, so it is done once."""
     if getattr(_PINNED, "yields", False) or threading.current_thread() is threading.main_thread():
         return
     _PINNED.yields = True
