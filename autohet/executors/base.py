@@ -243,6 +243,11 @@ class Executor(ABC):
     takes_pixels = False
     pixel_scale: PixelScale | None = None
 
+    def stage_piece(self, parts: list[np.ndarray]) -> Any:
+        """A stream lane's piece made ready for ``launch_staged`` (``autohet.pool.lanes``): by default as
+        ``stage`` makes a call."""
+        return self.stage(parts)
+
     def use_staged(self, staged: Any) -> None:
         """Makes what ``stage`` returned the images of the next units (called between runs)."""
         self.set_workload(Workload(staged, len(staged)))

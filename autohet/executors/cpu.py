@@ -153,6 +153,14 @@ class _Launched:
     launched: float
 
 
+@dataclass
+class _PieceParts:
+    """A stream lane's piece left as the caller's parts (no joined copy): each part but the last is
+    whole batches, so running them one after another makes the calls one joined array would."""
+
+    parts: list[np.ndarray]
+
+
 class CpuExecutor(Executor):
     """A pinned core group running its model with a CPU backend (``executors.cpu_backends``): one
     program per variant, built on the group's pinned thread and kept.
@@ -246,9 +254,22 @@ class CpuExecutor(Executor):
         t0 = time.perf_counter()
         return _Launched(self.program, self.program.launch(self._inputs(rows), self.spec.batch), t0)
 
+    def stage_piece(self, parts: list[np.ndarray]) -> Any:
+        """A lane's piece: a synchronous program runs the parts where they lie when each but the last is
+        whole batches; otherwise (or for an asynchronous program) they are joined as ``stage`` joins them.
+        Joining a float32 stream's pieces took 5-6% of the 2-core box's CPU time from two 1-core groups
+        (docs/why.md, executors/cpu.py)."""
+        batch = self.spec.batch
+        if len(parts) > 1 and not self.program.asynchronous and all(len(p) % batch == 0 for p in parts[:-1]):
+            return _PieceParts(parts)
+        return self.stage(parts)
+
     def launch_staged(self, staged: Any, start: int, count: int) -> Any:
-        """A stream lane's piece (the joined rows ``stage`` made): started on an asynchronous program,
-        run now on a synchronous one."""
+        """A stream lane's piece (its parts as they lie, or the joined rows ``stage`` made): started on
+        an asynchronous program, run now on a synchronous one."""
+        if isinstance(staged, _PieceParts):
+            results = [self._run_rows(part) for part in staged.parts if len(part)]
+            return UnitResult(np.concatenate([r.outputs for r in results]), sum(r.compute_s for r in results))
         rows = np.asarray(staged)[:count]
         if self.program.asynchronous:
             return self._start_rows(rows)

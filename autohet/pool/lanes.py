@@ -230,7 +230,7 @@ class Lanes:
             return self._failed(lane, piece, None) if not self._stop.is_set() else self._unqueue(piece)
         t0 = time.perf_counter()
         try:
-            staged = lane.executor.stage(slice_parts(piece.window.parts, piece.start, piece.count))
+            staged = lane.executor.stage_piece(slice_parts(piece.window.parts, piece.start, piece.count))
         except Exception as exc:  # noqa: BLE001 - a failed staging is the lane's failure
             lane.slots.release()
             return self._failed(lane, piece, exc)
