@@ -6,16 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec
 from autohet.pool import PoolSpec
 from autohet.tuning.settings import TuneSettings
-
-if TYPE_CHECKING:
-    pass
-
 
 __all__ = ["Experiment", "TunePool", "open_experiment"]
 
