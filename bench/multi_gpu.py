@@ -185,6 +185,35 @@ def tuned(model: str, budget: float, work: Path) -> dict[str, Any]:
     return out
 
 
+def host_copy_ceiling(model: str, precision: str, thread_counts: list[int], seconds: float = 2.0
+                      ) -> dict[str, float]:
+    """What the host alone can stage, in img/s of ``model``'s float32 inputs: a 1 GB float32 window
+    copied into a pinned buffer in the compute dtype by ``copy_parts`` (a stream's staging, nothing on
+    the GPUs), per copy-thread count. A float32 stream over N GPUs stages every image this way, so this
+    is its ceiling on this host (issue 49)."""
+    import torch
+
+    from autohet.core.models import input_shape
+    from autohet.platform.host_copy import copy_parts
+    from bench.peers import DTYPES
+
+    shape = tuple(input_shape(model))
+    rows = max(1, (1 << 30) // (4 * int(torch.Size(shape).numel())))
+    src = torch.randn((rows, *shape))
+    dst = torch.empty((rows, *shape), dtype=DTYPES[precision], pin_memory=torch.cuda.is_available())
+    out = {}
+    for threads in thread_counts:
+        os.environ["AUTOHET_COPY_THREADS"] = str(threads)
+        copy_parts(dst, [src])  # the pool started, the pages touched
+        done, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            copy_parts(dst, [src])
+            done += rows
+        out[f"host_stage_ips_{threads}t"] = done / (time.perf_counter() - start)
+    os.environ.pop("AUTOHET_COPY_THREADS", None)
+    return out
+
+
 def links(gpus: list[int]) -> dict[str, Any]:
     """Host-to-device copy bandwidth (GB/s) per GPU alone and all at once; GPU-to-GPU copies."""
     import threading
@@ -244,6 +273,9 @@ def main() -> None:
     parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--no-stream", action="store_true")
     parser.add_argument("--links", action="store_true")
+    parser.add_argument("--copy-threads", default="",
+                        help="comma-separated copy-thread counts: the float32 stream again at each (an A/B of "
+                             "AUTOHET_COPY_THREADS), and the host's staging ceiling at each")
     parser.add_argument("--tune", type=float, default=0.0, metavar="SECONDS",
                         help="also a default `autohet tune` of each model this long, its config rerun")
     parser.add_argument("--no-runs", action="store_true", help="no autohet_1/autohet_n runs (peers, tunes only)")
@@ -315,6 +347,21 @@ def main() -> None:
             row.update(stream_n=got["stream_ips"], pixels_n=got["pixels_ips"],
                        stream_over_run=got["stream_ips"] / row["autohet_n"],
                        pixels_over_run=got["pixels_ips"] / row["autohet_n"], stream_detail=got["stream"])
+            print(f"{model}: stream over {len(gpus)} float32 {got['stream_ips']:.0f} img/s "
+                  f"({row['stream_over_run']:.3f}x the run), pixels {got['pixels_ips']:.0f} "
+                  f"({row['pixels_over_run']:.3f}x)", flush=True)
+            counts = [int(c) for c in args.copy_threads.split(",") if c]
+            if counts:
+                row.update(host_copy_ceiling(model, args.precision, counts))
+                print(f"{model}: host staging alone " + ", ".join(
+                    f"{c} threads {row[f'host_stage_ips_{c}t']:.0f} img/s" for c in counts), flush=True)
+            for c in counts:
+                os.environ["AUTOHET_COPY_THREADS"] = str(c)
+                got = streamed(model, spec, args.strategy, params, many.images, args.ray)
+                row[f"stream_over_run_{c}t"] = got["stream_ips"] / row["autohet_n"]
+                print(f"{model}: stream with {c} copy threads float32 {got['stream_ips']:.0f} img/s "
+                      f"({row[f'stream_over_run_{c}t']:.3f}x), pixels {got['pixels_ips']:.0f}", flush=True)
+            os.environ.pop("AUTOHET_COPY_THREADS", None)
         if args.cpu_group:
             cores = sorted(os.sched_getaffinity(0))[len(gpus):len(gpus) + args.cpu_group]
             mixed_spec = gpu_pool(gpus, settings, cores, kind=kind)

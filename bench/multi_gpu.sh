@@ -1,12 +1,15 @@
 #!/bin/sh
 # Issue 46/49's figures on a machine of several GPUs, one section per device call, back to back:
-#   sh bench/multi_gpu.sh SECTION     SECTION: scaling | models | tune
+#   sh bench/multi_gpu.sh SECTION     SECTION: scaling | models | tune | serve
 # scaling: resnet18 on one GPU and on every GPU (in-process executors) next to one torch.compile process per
-# GPU, the N-GPU config through autohet.load (float32 and uint8 pixels), and with an 8-core CPU group beside
-# the GPUs (no wheels needed). models: vgg16 and efficientnet_b0 on one GPU and on every GPU (CUDA graphs), the
+# GPU (PEER=0: not), the N-GPU config through autohet.load (float32 and uint8 pixels; float32 again at each of
+# COPY_THREADS staging threads, and the host's staging alone), and with an 8-core CPU group beside the GPUs
+# (no wheels needed). models: vgg16 and efficientnet_b0 on one GPU and on every GPU (CUDA graphs), the
 # two-GPU gpu-marked tests, a pipeline over two GPUs (resnet18, throughput) and a split of vgg16's convolutions
 # over them (batch-1 latency) next to one GPU alone. tune: a default 300 s `autohet tune --model resnet18` on the
-# auto pool, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
+# auto pool next to the N-process torch.compile peer, its exported config rerun (needs the wheels:
+# ray[tune,serve], optuna, mlflow under /root/site). serve: that config (CONFIG) behind `autohet serve` at
+# saturation against its offline stream, then a GPU replica killed mid-load.
 # Logs and JSON go to $OUT.
 cd "$(dirname "$0")/.."
 . bench/_h100_common.sh
@@ -27,11 +30,13 @@ EOF
 case "$1" in
   scaling)
     log "resnet18: peers (torch.compile, one process per GPU), autohet on 1 and on every GPU, its stream, a CPU group beside"
+    peer=""; [ "${PEER:-1}" = 0 ] && peer=--no-peer
     t timeout -k 10 ${SCALING_TIMEOUT:-330} python3 -m bench.multi_gpu --models resnet18 --backend inductor --seconds 4 \
-      --cpu-group 8 --out "$W/scaling.json" > "$W/scaling.log" 2>&1; grep -v -i warn "$W/scaling.log" | tail -8 ;;
+      --cpu-group 8 $peer --copy-threads "${COPY_THREADS:-}" --out "$W/scaling.json" > "$W/scaling.log" 2>&1
+    grep -v -i warn "$W/scaling.log" | tail -12 ;;
   models)
     log "vgg16, efficientnet_b0: autohet on 1 and on every GPU (CUDA graphs)"
-    t timeout -k 10 ${MODELS_TIMEOUT:-150} python3 -m bench.multi_gpu --models vgg16,efficientnet_b0 --backend cudagraphs \
+    t timeout -k 10 ${MODELS_TIMEOUT:-240} python3 -m bench.multi_gpu --models vgg16,efficientnet_b0 --backend cudagraphs \
       --seconds 3 --no-peer --no-stream --out "$W/models.json" > "$W/models.log" 2>&1; grep -v -i warn "$W/models.log" | tail -5
     log "two-GPU gpu-marked tests"
     t timeout -k 10 ${TESTS_TIMEOUT:-120} python3 -m pytest -q -m gpu -p no:cacheprovider -k "two or gpu_to_gpu" \
@@ -48,10 +53,23 @@ case "$1" in
     t timeout -k 10 ${ENGINE_TIMEOUT:-90} python3 -m autohet.cli run --in-process --model vgg16 --strategy single \
       --objective latency --pool /tmp/gpu1.yaml --json > "$W/single_b1.json" 2> "$W/single_b1.log"; tail -c 300 "$W/single_b1.json"; echo ;;
   tune)
-    sh .gpuwheels/part3/install.sh
-    stop_ray; work=/tmp/mgtune; mkdir -p $work
-    log "a default autohet tune of resnet18 (--time-budget ${TUNE_BUDGET:-300}) on every GPU, its config rerun"
-    t timeout -k 10 ${TUNE_TIMEOUT:-470} python3 -m bench.multi_gpu --models resnet18 --no-peer --no-runs --no-stream \
-      --tune ${TUNE_BUDGET:-300} --work $work --out "$W/tune.json" > "$W/tune.log" 2>&1
-    grep -v -i warn "$W/tune.log" | tail -6; cp $work/*.log $work/*.yaml "$W/" 2>/dev/null; stop_ray ;;
+    [ -d /root/site/ray ] || sh .gpuwheels/part3/install.sh
+    stop_ray; work=$PWD  # the tune runs from the project root (its conf, pool and search space files)
+    peer=""; [ "${PEER:-1}" = 0 ] && peer=--no-peer
+    log "the N-process torch.compile peer, a default autohet tune of resnet18 (--time-budget ${TUNE_BUDGET:-300}) on every GPU, its config rerun"
+    t timeout -k 10 ${TUNE_TIMEOUT:-560} python3 -m bench.multi_gpu --models resnet18 --no-runs --no-stream --seconds 4 \
+      $peer --tune ${TUNE_BUDGET:-300} --work $work --out "$W/tune.json" > "$W/tune.log" 2>&1
+    grep -v -i warn "$W/tune.log" | tail -6; cp $work/multi-gpu-*.log $work/multi-gpu-*.yaml $work/runs/mlflow.db "$W/" 2>/dev/null
+    mkdir -p /tmp/mgtune; cp $work/multi-gpu-*.yaml /tmp/mgtune/ 2>/dev/null; stop_ray ;;
+  serve)
+    stop_ray; cfg=${CONFIG:-/tmp/mgtune/multi-gpu-resnet18.yaml}
+    log "serve $cfg at saturation: ${CLIENTS:-128} clients in ${PROCS:-16} processes, 64-image uint8 requests, ${SERVE_SECONDS:-15} s"
+    t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients ${CLIENTS:-128} \
+      --client-procs ${PROCS:-16} --npy-batch 64 --pixels --seconds ${SERVE_SECONDS:-15} --offline-images 100000 \
+      --out "$W/serve.json" > "$W/serve.log" 2>&1; tail -12 "$W/serve.log"; stop_ray
+    log "the same, the fastest GPU replica killed after 6 s"
+    t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients ${CLIENTS:-128} \
+      --client-procs ${PROCS:-16} --npy-batch 64 --pixels --seconds ${SERVE_SECONDS:-15} --offline-images 100000 \
+      --kill-replica-after 6 --out "$W/serve_fault.json" > "$W/serve_fault.log" 2>&1; tail -12 "$W/serve_fault.log"
+    stop_ray ;;
 esac

@@ -129,3 +129,28 @@ def test_auto_gpu_partitions_split_each_gpu_into_equal_sm_shares():
     assert gpus == [("gpu0p0", 64, (0,)), ("gpu0p1", 64, (1,))]
     with pytest.raises(UserError, match="SM count"):
         detect_executors(list(range(8)), 1, {"gpu_partitions": 2})
+
+
+def test_the_default_files_are_found_from_another_folder(tmp_path, monkeypatch):
+    """``autohet tune`` run from another folder (a bench's work folder, a user's data folder) reads the
+    project's own conf, pool and search space files by their relative names; a file of that folder
+    comes first, and a name found in neither place still names the fix."""
+    from autohet.core.yaml_files import PROJECT_ROOT, project_path
+    from autohet.tuning.settings import load_settings
+    from autohet.tuning.space import load_search_space
+
+    monkeypatch.chdir(tmp_path)
+    assert project_path("actors/cpu2.yaml") == PROJECT_ROOT / "actors/cpu2.yaml"
+    assert load_pool("actors/cpu2.yaml").name == "cpu2"
+    assert project_path("conf/default.yaml") == PROJECT_ROOT / "conf/default.yaml"
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "default.yaml").write_text("trials: 7\n")
+    assert load_settings(None, {}).trials == 7  # the folder's own conf wins
+    assert "fifo" in load_search_space("search_spaces").strategies
+    (tmp_path / "actors").mkdir()
+    (tmp_path / "actors" / "cpu2.yaml").write_text("executors:\n  - {name: mine, kind: cpu, cores: [0]}\n")
+    assert load_pool("actors/cpu2.yaml").executors[0].name == "mine"  # the folder's own file wins
+    with pytest.raises(UserError, match="not found; use"):
+        load_pool("actors/nope.yaml")
+    with pytest.raises(UserError, match="set search_spaces in the conf file"):
+        load_search_space("no_spaces_here")

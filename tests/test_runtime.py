@@ -210,13 +210,38 @@ def test_a_large_copy_split_over_threads_gives_the_same_rows():
 
     import torch
 
-    from autohet.platform.host_copy import _cores, _pool, copy_rows
+    from autohet.platform.host_copy import _cores, _pool, copy_rows, copy_threads
 
     src = torch.randn(40, 1024, 1024)  # 160 MB: several chunks
     dst = torch.empty(40, 1024, 1024, dtype=torch.float16)
     copy_rows(dst, src)
     assert torch.equal(dst, src.half())  # exact: one correctly rounded conversion either side
-    assert _pool().submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == _cores()
+    assert _pool(copy_threads()).submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == _cores()
+
+
+def test_the_copy_threads_follow_their_setting_and_a_lanes_piece_uses_them_all(monkeypatch):
+    """``AUTOHET_COPY_THREADS`` (a bench's A/B of the staging threads) sizes the copy pool; unset, the
+    process's cores up to the cap. A copy of a few tens of MB (a lane's piece of a window) is cut into
+    as many chunks as there are threads: at a 32 MB floor a 300 MB piece used 9 threads of 28
+    (BENCHMARKS.md 33). The rows land the same either way."""
+    import torch
+
+    from autohet.platform import host_copy
+
+    monkeypatch.delenv("AUTOHET_COPY_THREADS", raising=False)
+    assert host_copy.copy_threads() == min(host_copy.MAX_THREADS, len(host_copy._cores()))
+    monkeypatch.setenv("AUTOHET_COPY_THREADS", "4")
+    assert host_copy.copy_threads() == 4
+    src = torch.randn(24, 1024, 1024)  # 48 MB of float16 rows
+    dst = torch.empty(24, 1024, 1024, dtype=torch.float16)
+    pool = host_copy._pool(4)
+    chunks = []
+    submit = pool.submit
+    monkeypatch.setattr(pool, "submit", lambda fn: chunks.append(fn) or submit(fn))
+    host_copy.copy_rows(dst, src)
+    assert host_copy._POOL_THREADS == 4 and pool._max_workers == 4
+    assert len(chunks) == 4
+    assert torch.equal(dst, src.half())  # exact: one correctly rounded conversion either side
 
 
 def test_parts_copied_at_once_land_in_order():

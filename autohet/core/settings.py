@@ -86,8 +86,10 @@ KEEP_VARIANTS_MIN_AVAILABLE = 0.4
 OBJECT_STORE_BYTES = 4 * 1024**3
 """The object store of a Ray instance autohet starts."""
 
-CHUNK_BYTES = 32 << 20
-"""A host copy's chunk below this is not worth a thread of its own."""
+CHUNK_BYTES = 8 << 20
+"""A host copy's chunk below this is not worth a thread of its own (a few milliseconds of copying). At
+32 MB a stream's 300 MB piece made 9 chunks, so a lane's staging used 9 copy threads however many there
+were (BENCHMARKS.md 33)."""
 
 # --- the runtime (``autohet.load``) ------------------------------------------------------------------------
 
@@ -152,6 +154,8 @@ ENV: dict[str, EnvVar] = {v.name: v for v in (
     EnvVar("AUTOHET_PLUGINS", "", "comma-separated modules that register strategies on import"),
     EnvVar("AUTOHET_CPU_NICE", "10", "the nice value of CPU groups' compute threads, which give way to the host "
                                      "work feeding the other devices (0: unchanged; an A/B switch)"),
+    EnvVar("AUTOHET_COPY_THREADS", None, "threads of the large host copies (staging a stream's window; default: the "
+                                         "process's cores, at most 16)"),
     EnvVar("AUTOHET_BIND_TEAMS", None, "1: bind each thread of a CPU group's OpenMP team to one core (an A/B switch)"),
     EnvVar("AUTOHET_DEBUG", None, "1: a command's error shows its traceback"),
     EnvVar("AUTOHET_STACK_DUMP_S", None, "seconds after which a command still running prints every thread's stack"),

@@ -17,10 +17,12 @@ from typing import Any
 
 from autohet.core.settings import CHUNK_BYTES
 
-__all__ = ["copy_parts", "copy_rows"]
+__all__ = ["copy_parts", "copy_rows", "copy_threads"]
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_THREADS = 0
 _LOCK = threading.Lock()
+MAX_THREADS = 16  # the default's cap, as measured so far (a 32-core box may want more: AUTOHET_COPY_THREADS)
 
 
 def _cores() -> set[int]:
@@ -35,11 +37,23 @@ def _unpin() -> None:
         os.sched_setaffinity(threading.get_native_id(), _cores())
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
+def copy_threads() -> int:
+    """How many threads copy: ``AUTOHET_COPY_THREADS`` where set, else the process's cores up to
+    ``MAX_THREADS``."""
+    from autohet.core.settings import env
+
+    wanted = env("AUTOHET_COPY_THREADS")
+    return max(1, int(wanted)) if wanted else min(MAX_THREADS, len(_cores()))
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    global _POOL, _POOL_THREADS
     with _LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(min(16, len(_cores())), thread_name_prefix="autohet-copy", initializer=_unpin)
+        if _POOL is None or threads != _POOL_THREADS:  # a changed setting (a bench's A/B) gets a fresh pool
+            if _POOL is not None:
+                _POOL.shutdown(wait=False)
+            _POOL, _POOL_THREADS = ThreadPoolExecutor(threads, thread_name_prefix="autohet-copy",
+                                                      initializer=_unpin), threads
         return _POOL
 
 
@@ -57,7 +71,7 @@ def copy_parts(dst: Any, parts: list[Any]) -> None:
     if not parts:
         return
     row_bytes = max(1, (dst[:1].numel() * dst.element_size()))
-    threads = min(len(_cores()), 16)
+    threads = copy_threads()
     chunks: list[tuple[int, int, Any, int, int]] = []  # dst rows [a, b) <- part rows [c, d)
     start = 0
     for part in parts:
@@ -71,6 +85,7 @@ def copy_parts(dst: Any, parts: list[Any]) -> None:
         a, b, part, c, d = chunks[0]
         dst[a:b].copy_(part[c:d])
         return
-    futures = [_pool().submit(lambda a=a, b=b, p=p, c=c, d=d: dst[a:b].copy_(p[c:d])) for a, b, p, c, d in chunks]
+    pool = _pool(threads)
+    futures = [pool.submit(lambda a=a, b=b, p=p, c=c, d=d: dst[a:b].copy_(p[c:d])) for a, b, p, c, d in chunks]
     for future in futures:
         future.result()

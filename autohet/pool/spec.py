@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from autohet.core.errors import UserError
 from autohet.core.params import validate_params
 from autohet.core.settings import GPU_BOX_GROUP
-from autohet.core.yaml_files import read_yaml_mapping
+from autohet.core.yaml_files import project_path, read_yaml_mapping
 from autohet.executors.base import EXECUTOR_PARAMS, ExecutorSpec
 from autohet.executors.kinds import EXECUTOR_KINDS
 
@@ -170,7 +169,7 @@ def load_pool(path: str | None, auto_overrides: dict[str, Any] | None = None) ->
         raw, where = {"version": POOL_VERSION, "auto": {}}, "auto"
         name = "auto"
     else:
-        file = Path(path)
+        file = project_path(path)
         where = str(file)
         if not file.is_file():
             raise UserError(f"pool file {file} not found; use actors/auto.yaml, actors/cpu2.yaml or your own")

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from autohet.core.errors import UserError
 from autohet.core.objectives import ObjectiveSet
-from autohet.core.yaml_files import read_yaml_mapping
+from autohet.core.yaml_files import project_path, read_yaml_mapping
 
 __all__ = ["TuneSettings", "load_settings"]
 
@@ -112,7 +111,7 @@ class TuneSettings:
 def load_settings(path: str | None, overrides: dict[str, Any]) -> TuneSettings:
     """Reads ``path`` (default conf/default.yaml when present) and applies non-None overrides."""
     raw: dict[str, Any] = {}
-    file = Path(path) if path else Path("conf/default.yaml")
+    file = project_path(path or "conf/default.yaml")
     if path and not file.is_file():
         raise UserError(f"tune conf {file} not found; use conf/default.yaml or your own copy of it")
     if file.is_file():

@@ -28,7 +28,7 @@ from typing import Any
 from autohet.core.errors import UserError
 from autohet.core.objectives import RunMode
 from autohet.core.params import Param
-from autohet.core.yaml_files import read_yaml_mapping
+from autohet.core.yaml_files import project_path, read_yaml_mapping
 from autohet.executors import EXECUTOR_KINDS, EXECUTOR_PARAMS
 from autohet.pool.spec import POOL_DIMS, PoolSpec
 from autohet.strategies import BASELINE, get_strategy, is_baseline, strategy_names
@@ -226,10 +226,12 @@ class DefineByRun:
 
 
 def load_search_space(directory: str | Path = "search_spaces") -> SearchSpace:
-    """Reads every *.yaml in ``directory``; strategies and params are checked against the registries."""
-    folder = Path(directory)
+    """Reads every *.yaml in ``directory`` (``project_path``); strategies and params are checked against
+    the registries."""
+    folder = project_path(directory)
     if not folder.is_dir():
-        raise UserError(f"search space folder {folder} not found; run from the project root or pass --spaces")
+        raise UserError(f"search space folder {directory} not found; run from the project root or set "
+                        "search_spaces in the conf file (--conf)")
     strategies: dict[str, dict[str, Dim]] = {}
     executors: dict[str, dict[str, Dim]] = {}
     pool: dict[str, Dim] = {}
