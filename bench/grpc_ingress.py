@@ -26,7 +26,7 @@ SERVICE = "inference.GRPCInferenceService"
 PIXELS = 3 * 224 * 224
 
 
-def _serve(mode: str, port: int, images: int) -> None:
+def _serve(mode: str, port: int, images: int, options: tuple[tuple[str, int], ...] = ()) -> None:
     import grpc
 
     from autohet.service import oip_messages_pb2 as pb
@@ -35,7 +35,7 @@ def _serve(mode: str, port: int, images: int) -> None:
     logits = np.zeros((images, 1000), "<f4").tobytes()
 
     async def infer(request, context):
-        if mode == "walk":
+        if mode.startswith("walk"):
             data = read_infer_request(request)[1][0]
         else:
             data = request.raw_input_contents[0]
@@ -45,8 +45,8 @@ def _serve(mode: str, port: int, images: int) -> None:
         return pb.ModelInferResponse(model_name="m", outputs=[tensor], raw_output_contents=[logits])
 
     async def main() -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 30)])
-        deserializer = None if mode == "walk" else pb.ModelInferRequest.FromString
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 1 << 30), *options])
+        deserializer = None if mode.startswith("walk") else pb.ModelInferRequest.FromString
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "ModelInfer": grpc.unary_unary_rpc_method_handler(
                 infer, request_deserializer=deserializer, response_serializer=lambda m: m.SerializeToString())}),))
@@ -80,11 +80,21 @@ def _load(port: int, images: int, clients: int, seconds: float, done: multiproce
     done.put(asyncio.run(main()))
 
 
+def _free_port() -> int:
+    """A port no one listens on now (a round's server would otherwise meet the last run's sockets)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def one_round(mode: str, args: argparse.Namespace, port: int) -> dict[str, float]:
     import psutil
 
     context = multiprocessing.get_context("spawn")
-    server = context.Process(target=_serve, args=(mode, port, args.images), daemon=True)
+    options = tuple(args.options) if mode == "walk+options" else ()
+    server = context.Process(target=_serve, args=(mode, port, args.images, options), daemon=True)
     server.start()
     time.sleep(2.0)  # the server's start
     try:
@@ -110,18 +120,27 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=64, help="uint8 224x224 images per request")
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=6.0)
-    parser.add_argument("--port", type=int, default=50177)
+    parser.add_argument("--port", type=int, default=0, help="the first round's port (default: a free one each round)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=INT",
+                        help="a gRPC server channel argument: adds a third mode, walk+options, the walk with them")
     args = parser.parse_args()
+    args.options = [(name, int(value)) for name, value in (o.split("=", 1) for o in args.option)]
     rows: dict[str, list[dict[str, float]]] = {"protobuf": [], "walk": []}
+    if args.options:
+        rows["walk+options"] = []
     for k in range(args.rounds):
         for mode in rows:
-            row = one_round(mode, args, args.port + 2 * k + (mode == "walk"))
+            port = args.port + 3 * k + list(rows).index(mode) if args.port else _free_port()
+            row = one_round(mode, args, port)
             rows[mode].append(row)
-            print(f"round {k + 1} {mode:8s} {row['requests']:5d} requests  {row['ms_per_request']:6.2f} ms CPU "
+            print(f"round {k + 1} {mode:12s} {row['requests']:5d} requests  {row['ms_per_request']:6.2f} ms CPU "
                   f"per request  {row['mb_per_cpu_s']:5.0f} MB per CPU s", flush=True)
     medians = {mode: statistics.median(r["ms_per_request"] for r in got) for mode, got in rows.items()}
     print(f"median server CPU per {args.images}-image request: protobuf {medians['protobuf']:.2f} ms, walk "
           f"{medians['walk']:.2f} ms: walk / protobuf {medians['walk'] / medians['protobuf']:.3f}")
+    if args.options:
+        print(f"walk with {args.options}: {medians['walk+options']:.2f} ms: / walk "
+              f"{medians['walk+options'] / medians['walk']:.3f}")
 
 
 if __name__ == "__main__":
