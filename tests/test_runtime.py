@@ -230,6 +230,10 @@ def test_the_copy_threads_follow_their_setting_and_a_lanes_piece_uses_them_all(m
 
     monkeypatch.delenv("AUTOHET_COPY_THREADS", raising=False)
     assert host_copy.copy_threads() == min(host_copy.MAX_THREADS, len(host_copy._cores()))
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv("AUTOHET_COPY_THREADS", bad)
+        with pytest.raises(UserError, match="AUTOHET_COPY_THREADS"):
+            host_copy.copy_threads()
     monkeypatch.setenv("AUTOHET_COPY_THREADS", "4")
     assert host_copy.copy_threads() == 4
     src = torch.randn(24, 1024, 1024)  # 48 MB of float16 rows

@@ -22,7 +22,7 @@ __all__ = ["copy_parts", "copy_rows", "copy_threads"]
 _POOL: ThreadPoolExecutor | None = None
 _POOL_THREADS = 0
 _LOCK = threading.Lock()
-MAX_THREADS = 16  # the default's cap, as measured so far (a 32-core box may want more: AUTOHET_COPY_THREADS)
+MAX_THREADS = 16  # the default's cap: the H100/H200 boxes' 16 cores (a 32-core box may want more: BENCHMARKS.md 33)
 
 
 def _cores() -> set[int]:
@@ -43,7 +43,13 @@ def copy_threads() -> int:
     from autohet.core.settings import env
 
     wanted = env("AUTOHET_COPY_THREADS")
-    return max(1, int(wanted)) if wanted else min(MAX_THREADS, len(_cores()))
+    if not wanted:
+        return min(MAX_THREADS, len(_cores()))
+    if not wanted.isdigit() or int(wanted) < 1:
+        from autohet.core.errors import UserError
+
+        raise UserError(f"AUTOHET_COPY_THREADS={wanted!r}: set a whole number of threads, 1 or more, or unset it")
+    return int(wanted)
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
