@@ -80,15 +80,6 @@ def _load(port: int, images: int, clients: int, seconds: float, done: multiproce
     done.put(asyncio.run(main()))
 
 
-def _free_port() -> int:
-    """A port no one listens on now (a round's server would otherwise meet the last run's sockets)."""
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def one_round(mode: str, args: argparse.Namespace, port: int) -> dict[str, float]:
     import psutil
 
@@ -124,13 +115,15 @@ def main() -> None:
     parser.add_argument("--option", action="append", default=[], metavar="NAME=INT",
                         help="a gRPC server channel argument: adds a third mode, walk+options, the walk with them")
     args = parser.parse_args()
+    from bench.serve_load import free_port
+
     args.options = [(name, int(value)) for name, value in (o.split("=", 1) for o in args.option)]
     rows: dict[str, list[dict[str, float]]] = {"protobuf": [], "walk": []}
     if args.options:
         rows["walk+options"] = []
     for k in range(args.rounds):
         for mode in rows:
-            port = args.port + 3 * k + list(rows).index(mode) if args.port else _free_port()
+            port = args.port + 3 * k + list(rows).index(mode) if args.port else free_port()
             row = one_round(mode, args, port)
             rows[mode].append(row)
             print(f"round {k + 1} {mode:12s} {row['requests']:5d} requests  {row['ms_per_request']:6.2f} ms CPU "

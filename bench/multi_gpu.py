@@ -190,7 +190,7 @@ def host_copy_ceiling(model: str, precision: str, thread_counts: list[int], seco
     """What the host alone can stage, in img/s of ``model``'s float32 inputs: a 1 GB float32 window
     copied into a pinned buffer in the compute dtype by ``copy_parts`` (a stream's staging, nothing on
     the GPUs), per copy-thread count. A float32 stream over N GPUs stages every image this way, so this
-    is its ceiling on this host (issue 49)."""
+    bounds it at that thread count (issue 49)."""
     import torch
 
     from autohet.core.models import input_shape
