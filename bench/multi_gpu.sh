@@ -6,10 +6,11 @@
 # COPY_THREADS staging threads, and the host's staging alone), and with an 8-core CPU group beside the GPUs
 # (no wheels needed). models: vgg16 and efficientnet_b0 on one GPU and on every GPU (CUDA graphs), the
 # two-GPU gpu-marked tests, a pipeline over two GPUs (resnet18, throughput) and a split of vgg16's convolutions
-# over them (batch-1 latency) next to one GPU alone. tune: a default 300 s `autohet tune --model resnet18` on the
-# auto pool next to the N-process torch.compile peer, its exported config rerun (needs the wheels:
-# ray[tune,serve], optuna, mlflow under /root/site). serve: that config (CONFIG) behind `autohet serve` at
-# saturation against its offline stream, then a GPU replica killed mid-load.
+# over them (batch-1 latency) next to one GPU alone (MODELS: other models; ENGINE=0: the scaling alone).
+# tune: a default 300 s `autohet tune --model resnet18` on the auto pool next to the N-process torch.compile
+# peer, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
+# serve: that config (CONFIG) behind `autohet serve` at saturation against its offline stream, then a GPU
+# replica killed mid-load (FAULT=0: not).
 # Logs and JSON go to $OUT.
 cd "$(dirname "$0")/.."
 . bench/_h100_common.sh
@@ -35,9 +36,10 @@ case "$1" in
       --cpu-group 8 $peer --copy-threads "${COPY_THREADS:-}" --out "$W/scaling.json" > "$W/scaling.log" 2>&1
     grep -v -i warn "$W/scaling.log" | tail -12 ;;
   models)
-    log "vgg16, efficientnet_b0: autohet on 1 and on every GPU (CUDA graphs)"
-    t timeout -k 10 ${MODELS_TIMEOUT:-240} python3 -m bench.multi_gpu --models vgg16,efficientnet_b0 --backend cudagraphs \
-      --seconds 3 --no-peer --no-stream --out "$W/models.json" > "$W/models.log" 2>&1; grep -v -i warn "$W/models.log" | tail -5
+    log "${MODELS:-vgg16,efficientnet_b0}: autohet on 1 and on every GPU (CUDA graphs)"
+    t timeout -k 10 ${MODELS_TIMEOUT:-240} python3 -m bench.multi_gpu --models ${MODELS:-vgg16,efficientnet_b0} \
+      --backend cudagraphs --seconds 3 --no-peer --no-stream --out "$W/models.json" > "$W/models.log" 2>&1
+    grep -v -i warn "$W/models.log" | tail -5; [ "${ENGINE:-1}" = 0 ] && exit 0
     log "two-GPU gpu-marked tests"
     t timeout -k 10 ${TESTS_TIMEOUT:-120} python3 -m pytest -q -m gpu -p no:cacheprovider -k "two or gpu_to_gpu" \
       tests/test_runtime.py tests/test_executors.py tests/test_channels.py tests/test_pipeline.py > "$W/gpu_tests.log" 2>&1
@@ -67,6 +69,7 @@ case "$1" in
     t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients ${CLIENTS:-128} \
       --client-procs ${PROCS:-16} --npy-batch 64 --pixels --seconds ${SERVE_SECONDS:-15} --offline-images 100000 \
       --out "$W/serve.json" > "$W/serve.log" 2>&1; tail -12 "$W/serve.log"; stop_ray
+    [ "${FAULT:-1}" = 0 ] && exit 0
     log "the same, the fastest GPU replica killed after 6 s"
     t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients ${CLIENTS:-128} \
       --client-procs ${PROCS:-16} --npy-batch 64 --pixels --seconds ${SERVE_SECONDS:-15} --offline-images 100000 \

@@ -7,17 +7,18 @@ One run, one command:
    outputs of every request body the clients will send;
 2. the service: ``autohet serve`` started as a subprocess (devices released by step 1 first),
    ready once it prints its replicas;
-3. the load: ``--clients`` concurrent clients (asyncio + aiohttp, one request in flight each) for
+3. the load: ``--clients`` concurrent clients (threads with a keep-alive connection each, one request in flight) for
    ``--seconds``, each sending an ``--npy-batch N`` .npy of float32 inputs or, with ``--pixels``, of
    uint8 pixels (the offline stream then runs pixels too), answered as .npy with ``--accept npy`` or
    JSON; or one synthetic JPEG (``--jpeg``, answered with its logits); a 503 is retried after its
    Retry-After (at most ``--retry-cap-s``); every answer is checked against the offline outputs of
    the same body (the config precision's tolerance). A request is lost when it never gets a correct
    answer: an error status other than 503, a broken connection, a timeout or a wrong answer;
-   With ``--protocol v2-http`` or ``v2-grpc`` the clients are Triton's own (``tritonclient.http.aio``,
-   ``tritonclient.grpc.aio``) speaking the Open Inference Protocol v2 with binary tensors (the same
-   float32 inputs or ``--pixels``, FP32 logits back), 503 / UNAVAILABLE retried alike; the service is
-   started with ``--grpc-port`` for gRPC. The phases below come only with ``v1`` (``Server-Timing``);
+   With ``--protocol v2-http`` or ``v2-grpc`` the clients speak the Open Inference Protocol v2 with
+   binary tensors (the same float32 inputs or ``--pixels``, FP32 logits back): over HTTP each request
+   encoded and each answer decoded by ``tritonclient.http`` and sent on the same threads; over gRPC
+   ``tritonclient.grpc.aio``. 503 / UNAVAILABLE retried alike; the service is started with
+   ``--grpc-port`` for gRPC. The phases below come only with ``v1`` (``Server-Timing``);
 4. the fault (``--kill-replica-after S``): after S seconds one replica's process (``--kill-replica
    NAME``, default the fastest) is killed with SIGKILL, and the time until ``/healthz`` is 200 again
    is measured;
@@ -64,6 +65,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -204,31 +206,19 @@ def within(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
         float(np.abs(got - expected).max()) <= tolerance * max(float(np.abs(expected).max()), 1e-6)
 
 
-def v2_sender(args: argparse.Namespace, bodies: Bodies, tolerance: float, tally: Tally) -> tuple[Any, Any]:
-    """(client, send): Triton's asyncio client of ``--protocol`` and ``send(k)``, one v2 inference of
-    body ``k`` with binary tensors until it is answered (UNAVAILABLE / 503 retried) or lost."""
-    if args.protocol == "v2-grpc":
-        import tritonclient.grpc.aio as tc
-
-        client = tc.InferenceServerClient(f"127.0.0.1:{args.grpc_port}")
-    else:
-        import tritonclient.http.aio as tc
-
-        client = tc.InferenceServerClient(f"127.0.0.1:{args.port}", conn_limit=args.clients + 4,
-                                          conn_timeout=args.request_timeout_s)
+def grpc_sender(args: argparse.Namespace, bodies: Bodies, tolerance: float, tally: Tally) -> tuple[Any, Any]:
+    """(client, send): Triton's asyncio gRPC client and ``send(k)``, one v2 inference of body ``k``
+    with binary tensors until it is answered (UNAVAILABLE retried) or lost."""
+    import tritonclient.grpc.aio as tc
     from tritonclient.utils import InferenceServerException
 
-    datatype = "UINT8" if args.pixels else "FP32"
+    client = tc.InferenceServerClient(f"127.0.0.1:{args.grpc_port}")
     tensors = []
     for x in bodies.arrays:  # encoded once: a request is then the client's own work only
-        tensor = tc.InferInput("input", list(x.shape), datatype)
-        if args.protocol == "v2-grpc":
-            tensor.set_data_from_numpy(x)
-        else:
-            tensor.set_data_from_numpy(x, binary_data=True)
+        tensor = tc.InferInput("input", list(x.shape), "UINT8" if args.pixels else "FP32")
+        tensor.set_data_from_numpy(x)
         tensors.append(tensor)
-    output = tc.InferRequestedOutput("logits") if args.protocol == "v2-grpc" else \
-        tc.InferRequestedOutput("logits", binary_data=True)
+    output = tc.InferRequestedOutput("logits")
 
     async def send(k: int) -> None:
         n = k % len(tensors)
@@ -257,86 +247,178 @@ def v2_sender(args: argparse.Namespace, bodies: Bodies, tolerance: float, tally:
     return client, send
 
 
-async def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
-    """``clients`` closed-loop clients for ``seconds``, and the fault at ``kill_replica_after``."""
-    import aiohttp
+def get_json(url: str, timeout_s: float = 10.0) -> tuple[int, Any]:
+    """A GET's status and JSON body (None where it has none)."""
+    import urllib.error
+    import urllib.request
 
-    tally, fault = Tally(), {}
-    v2_client, v2_send = v2_sender(args, bodies, tolerance, tally) if args.protocol != "v1" else (None, None)
-    timeout = aiohttp.ClientTimeout(total=args.request_timeout_s)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=args.clients + 4),
-                                     timeout=timeout) as session:
-        start = time.perf_counter()
-        deadline = start + args.seconds
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
 
-        async def one(k: int) -> None:
-            """One request until it is answered (a 503 retried after its Retry-After) or lost."""
-            data, expected = bodies.data[k % len(bodies.data)], bodies.expected[k % len(bodies.data)]
-            while True:
-                sent = time.perf_counter()
-                try:
-                    async with session.post(url + "/v1/predict" + bodies.query, data=data, headers={
-                            "Content-Type": bodies.kind, "Accept": bodies.accept}) as response:
-                        body = await response.read()
-                        status, retry = response.status, response.headers.get("Retry-After")
-                        timing = response.headers.get("Server-Timing")
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    tally.lost.append(f"{type(exc).__name__}: {exc}"[:200])
-                    return
-                if status == 503:
-                    tally.rejected += 1
-                    await asyncio.sleep(min(float(retry or 1), args.retry_cap_s))
-                    continue
-                if status != 200:
-                    tally.lost.append(f"HTTP {status}: {body[:160]!r}")
-                    return
-                if not correct(body, bodies.accept, expected, tolerance):
-                    tally.wrong += 1
-                    tally.lost.append("a wrong answer")
-                    return
-                tally.answered += 1
-                tally.latencies.append(latency := time.perf_counter() - sent)
-                tally.timed(timing, latency)
+
+def kill_replica(url: str, args: argparse.Namespace, start: float, fault: dict[str, Any]) -> None:
+    """At ``kill_replica_after`` s: SIGKILL to a replica's process, then the seconds until ``/healthz`` is 200."""
+    time.sleep(max(0.0, start + args.kill_replica_after - time.perf_counter()))
+    replicas = get_json(url + "/healthz")[1]["replicas"]
+    victim = next((r for r in replicas if r["name"] == args.kill_replica), None) if args.kill_replica else \
+        max(replicas, key=lambda r: r["speed_ips"] or 0)
+    if victim is None:
+        raise SystemExit(f"--kill-replica {args.kill_replica}: no such replica "
+                         f"({', '.join(r['name'] for r in replicas)})")
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.perf_counter()
+    fault.update(killed=victim["name"], killed_at_s=killed - start)
+    while True:  # until every replica answers again
+        time.sleep(0.5)
+        try:
+            if get_json(url + "/healthz")[0] == 200:
+                fault["recovered_s"] = time.perf_counter() - killed
                 return
+        except OSError:
+            continue
 
-        async def client(c: int) -> None:
-            k = c
-            while time.perf_counter() < deadline:
-                await (v2_send(k) if v2_send is not None else one(k))
-                k += args.clients
 
-        async def kill() -> None:
-            await asyncio.sleep(args.kill_replica_after)
-            async with session.get(url + "/healthz") as response:
-                replicas = (await response.json())["replicas"]
-            victim = next((r for r in replicas if r["name"] == args.kill_replica), None) if args.kill_replica else \
-                max(replicas, key=lambda r: r["speed_ips"] or 0)
-            if victim is None:
-                raise SystemExit(f"--kill-replica {args.kill_replica}: no such replica "
-                                 f"({', '.join(r['name'] for r in replicas)})")
-            os.kill(victim["pid"], signal.SIGKILL)
-            killed = time.perf_counter()
-            fault.update(killed=victim["name"], killed_at_s=killed - start)
-            while True:  # until every replica answers again
-                await asyncio.sleep(0.5)
-                try:
-                    async with session.get(url + "/healthz") as response:
-                        if response.status == 200:
-                            fault["recovered_s"] = time.perf_counter() - killed
-                            return
-                except aiohttp.ClientError:
-                    continue
+def routed(url: str) -> dict[str, int]:
+    """The images each replica ran (``/healthz``), empty where it does not answer 200."""
+    status, health = get_json(url + "/healthz")
+    return {r["name"]: r["images_routed"] for r in (health or {}).get("replicas", [])} if status == 200 else {}
 
-        tasks = [client(c) for c in range(args.clients)]
-        if args.kill_replica_after is not None:
-            tasks.append(kill())
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
-        async with session.get(url + "/healthz") as response:
-            health = await response.json() if response.status == 200 else {}
-        fault["images_routed"] = {r["name"]: r["images_routed"] for r in health.get("replicas", [])}
-    if v2_client is not None:
-        await v2_client.close()
+
+def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
+    """``clients`` closed-loop clients for ``seconds``, and the fault at ``kill_replica_after``."""
+    if args.protocol == "v2-grpc":
+        return asyncio.run(load_grpc(url, bodies, args, tolerance))
+    import threading
+
+    tally, fault, lock = Tally(), {}, threading.Lock()
+    call = http_call(bodies, args, tolerance)
+    start = time.perf_counter()
+    deadline = start + args.seconds
+    clients = [threading.Thread(target=http_client, args=(c, url, call, args, deadline, tally, lock))
+               for c in range(args.clients)]
+    if args.kill_replica_after is not None:
+        clients.append(threading.Thread(target=kill_replica, args=(url, args, start, fault)))
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join()
+    wall = time.perf_counter() - start
+    fault["images_routed"] = routed(url)
+    return tally, wall, fault
+
+
+@dataclass
+class HttpCall:
+    """What an HTTP client sends (body ``k % len(bodies)`` to ``path``) and how it checks an answer."""
+
+    path: str
+    bodies: list[bytes]
+    headers: list[dict[str, str]]
+    correct: Callable[[Any, bytes, int], bool]  # (response, body, k): the answer holds body k's outputs
+
+
+def http_call(bodies: Bodies, args: argparse.Namespace, tolerance: float) -> HttpCall:
+    """``/v1/predict`` with the bodies as they are, or the v2 protocol's infer with binary tensors, each
+    request encoded by Triton's own client (``generate_request_body``) and each answer decoded by it
+    (``parse_response_body``); only the transport is ``http.client``'s (``http_client``)."""
+    n = len(bodies.data)
+    if args.protocol == "v1":
+        headers = {"Content-Type": bodies.kind, "Accept": bodies.accept}
+        return HttpCall("/v1/predict" + bodies.query, bodies.data, [headers] * n,
+                        lambda response, body, k: correct(body, bodies.accept, bodies.expected[k % n], tolerance))
+    import tritonclient.http as tc
+
+    encoded, headers = [], []
+    for x in bodies.arrays:
+        tensor = tc.InferInput("input", list(x.shape), "UINT8" if args.pixels else "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        body, json_size = tc.InferenceServerClient.generate_request_body(
+            [tensor], outputs=[tc.InferRequestedOutput("logits", binary_data=True)])
+        encoded.append(body)
+        headers.append({"Content-Type": "application/octet-stream",
+                        **({"Inference-Header-Content-Length": str(json_size)} if json_size is not None else {})})
+
+    def answer_ok(response: Any, body: bytes, k: int) -> bool:
+        length = response.getheader("Inference-Header-Content-Length")
+        try:
+            result = tc.InferenceServerClient.parse_response_body(
+                body, header_length=int(length) if length is not None else None)
+            return within(result.as_numpy("logits"), bodies.expected[k % n], tolerance)
+        except Exception:  # an answer Triton's client cannot read: wrong
+            return False
+
+    return HttpCall(f"/v2/models/{bodies.model}/infer", encoded, headers, answer_ok)
+
+
+def http_client(c: int, url: str, call: HttpCall, args: argparse.Namespace, deadline: float, tally: Tally,
+                lock: Any) -> None:
+    """One closed-loop client on a thread of its own, with its own keep-alive connection (``http.client``:
+    a body goes out in one ``sendall``). aiohttp's client (and Triton's asyncio one, built on it) joined
+    each 9.6 MB body with its head and buffered what the socket did not take at once: 10 ms of CPU a
+    request against 2.9 ms here on the 2-core box, and on the H200x2 box its 16 processes took 13.5 of
+    the 32 cores (BENCHMARKS.md 33, 34)."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=args.request_timeout_s)
+    mine, k = Tally(), c
+    while time.perf_counter() < deadline:
+        n = k % len(call.bodies)
+        while True:  # one request until it is answered (a 503 retried after its Retry-After) or lost
+            sent = time.perf_counter()
+            try:
+                conn.request("POST", call.path, body=call.bodies[n], headers=call.headers[n])
+                response = conn.getresponse()
+                body = response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                mine.lost.append(f"{type(exc).__name__}: {exc}"[:200])
+                conn.close()  # the next request opens a fresh connection
+                break
+            status, retry = response.status, response.getheader("Retry-After")
+            if status == 503:
+                mine.rejected += 1
+                time.sleep(min(float(retry or 1), args.retry_cap_s))
+                continue
+            if status != 200:
+                mine.lost.append(f"HTTP {status}: {body[:160]!r}")
+            elif not call.correct(response, body, n):
+                mine.wrong += 1
+                mine.lost.append("a wrong answer")
+            else:
+                mine.answered += 1
+                mine.latencies.append(latency := time.perf_counter() - sent)
+                mine.timed(response.getheader("Server-Timing"), latency)
+            break
+        k += args.clients
+    conn.close()
+    with lock:
+        tally.add(mine)
+
+
+async def load_grpc(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
+    """The v2 gRPC clients (Triton's asyncio ones) for ``seconds``, and the fault at ``kill_replica_after``."""
+    tally, fault = Tally(), {}
+    client, send = grpc_sender(args, bodies, tolerance, tally)
+    start = time.perf_counter()
+    deadline = start + args.seconds
+
+    async def one_client(c: int) -> None:
+        k = c
+        while time.perf_counter() < deadline:
+            await send(k)
+            k += args.clients
+
+    tasks = [one_client(c) for c in range(args.clients)]
+    if args.kill_replica_after is not None:
+        tasks.append(asyncio.to_thread(kill_replica, url, args, start, fault))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    fault["images_routed"] = await asyncio.to_thread(routed, url)
+    await client.close()
     return tally, wall, fault
 
 
@@ -344,7 +426,7 @@ def _timed_load(url: str, bodies: Bodies, args: argparse.Namespace,
                 tolerance: float) -> tuple[Tally, float, dict, float]:
     """``load`` in this process, with the CPU seconds it took."""
     cpu = time.process_time()
-    tally, wall, fault = asyncio.run(load(url, bodies, args, tolerance))
+    tally, wall, fault = load(url, bodies, args, tolerance)
     return tally, wall, fault, time.process_time() - cpu
 
 
@@ -522,8 +604,9 @@ def main() -> None:
     parser.add_argument("--start-timeout-s", type=float, default=900.0, help="longest wait for the service")
     parser.add_argument("--port", type=int, help="the service's port (default: a free one)")
     parser.add_argument("--protocol", choices=("v1", "v2-http", "v2-grpc"), default="v1",
-                        help="the clients' protocol: POST /v1/predict (aiohttp), or the Open Inference Protocol v2 "
-                             "with binary tensors through tritonclient.http.aio or tritonclient.grpc.aio")
+                        help="the clients' protocol: POST /v1/predict, or the Open Inference Protocol v2 with binary "
+                             "tensors (HTTP: encoded and decoded by tritonclient.http, sent on http.client threads; "
+                             "gRPC: tritonclient.grpc.aio)")
     parser.add_argument("--grpc-port", type=int, help="v2-grpc: the service's gRPC port (default: a free one)")
     parser.add_argument("--smoke", action="store_true",
                         help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")

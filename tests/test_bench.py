@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from autohet.strategies._driver import RAISE_MARGIN
@@ -68,3 +69,39 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
     if bench == "http_ceiling":  # bodies carried and answered by the ingress's HTTP server alone
         row = rows[0]
         assert row["req_s"] > 0 and row["body_mb_s"] > 0 and row["server_cores"] > 0, row
+
+
+@pytest.mark.parametrize("protocol", ["v1", "v2-http"])
+def test_the_http_load_client_accepts_the_services_answer_and_no_other(protocol: str) -> None:
+    """The load's HTTP clients check every answer: the service's own encoding of the right outputs passes
+    (v2: Triton's client decodes it), outputs off by more than the tolerance do not."""
+    import argparse
+
+    from autohet.service import oip
+    from bench.serve_load import Bodies, http_call, npy
+
+    x = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4, 3)
+    expected = np.linspace(-1.0, 1.0, 2 * 5, dtype=np.float32).reshape(2, 5)
+    bodies = Bodies("application/x-npy", [npy(x)], [expected], 2, accept="application/x-npy", arrays=[x],
+                    model="m")
+    call = http_call(bodies, argparse.Namespace(protocol=protocol, pixels=True), tolerance=1e-3)
+    info = oip.ModelInfo("m", (4, 4, 3), 5, 8)
+
+    class Response:
+        def __init__(self, headers: dict[str, str]) -> None:
+            self.headers = headers
+
+        def getheader(self, name: str) -> str | None:
+            return self.headers.get(name)
+
+    def answer(outputs: np.ndarray) -> tuple[Response, bytes]:
+        if protocol == "v1":
+            return Response({}), npy(outputs)
+        request = oip.parse_infer(call.bodies[0], call.headers[0].get("Inference-Header-Content-Length"), info)
+        # exact: uint8 pixels moved, not computed: the client's encoding as the service reads it
+        assert request.binary and np.array_equal(request.images, x)
+        body, _, headers = oip.infer_answer(request, outputs, info)
+        return Response(headers), body
+
+    assert call.correct(*answer(expected), 0)
+    assert not call.correct(*answer(expected + 0.01), 0)

@@ -417,3 +417,38 @@ def test_data_parallel_over_two_gpus_in_process_matches_the_reference_and_uses_b
         pool.shutdown()
     assert m.output_ok, m.failures
     assert m.params["unit"] == "batches" and all(e.images > 0 for e in m.executors)
+
+
+def test_a_compile_runs_on_every_core_of_the_process_and_the_thread_is_pinned_again(monkeypatch) -> None:
+    """Inductor counts its compile workers from the calling thread's affinity and its worker processes
+    inherit it: an executor's thread pinned to one feeder core compiled every kernel in turn."""
+    import torch._inductor.config as inductor_config
+
+    from autohet.executors.compiled import MAX_COMPILE_THREADS, compile_module
+    from autohet.executors.machine import process_cores
+
+    cores = set(process_cores())
+    if len(cores) < 2 or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs a process of two cores or more that can pin threads")
+    seen: dict[str, object] = {}
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen["cores"], seen["workers"] = os.sched_getaffinity(0), inductor_config.compile_threads
+            return x
+
+    monkeypatch.setattr(torch, "compile", lambda module, **_: module)  # the compile's calling context only
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    monkeypatch.setattr(inductor_config, "compile_threads", 1)
+    feeder = min(cores)
+
+    def executor_thread() -> None:
+        os.sched_setaffinity(0, {feeder})
+        compile_module(Probe(), "default", torch.zeros(1))
+        seen["after"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=executor_thread)
+    thread.start()
+    thread.join()
+    assert seen["cores"] == cores and seen["workers"] == min(MAX_COMPILE_THREADS, len(cores))
+    assert seen["after"] == {feeder}

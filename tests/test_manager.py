@@ -10,28 +10,39 @@ import pytest
 import autohet.pool.spec as pool_spec_module
 from autohet.core.models import ModelSpec
 from autohet.core.workload import Workload
-from autohet.pool import PoolSpec, executor_class, identity, load_pool
+from autohet.pool import Pool, PoolSpec, executor_class, identity, load_pool
+from autohet.strategies import get_strategy
 from autohet.tuning.manager import PoolManager
 
 
-class FakePool:
-    """Records what the manager asks of a pool; 'actors' are strings naming the executor and pool."""
+class FakePool(Pool):
+    """Records what the manager asks of a pool; 'actors' are strings naming the executor and pool.
+    Its configure is the real pool's (``Pool.configure``): the executors it pushes params to are kept."""
 
     made: list[FakePool] = []
 
     def __init__(self, spec: PoolSpec, prefix: str) -> None:
-        self.spec, self.prefix = spec, prefix
+        super().__init__(spec)
+        self.prefix = prefix
         self.actors: list[Any] = []
         self.adopted: dict[tuple, Any] = {}
         self.measured: list[list[int]] = []
+        self.pushed: list[list[int]] = []  # each push of params: to which executors
         FakePool.made.append(self)
 
     def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
         self.adopted = dict(adopt or {})
         self.actors = [self.adopted.get(identity(e), f"{self.prefix}/{e.name}") for e in self.spec.executors]
 
-    def configure(self, by_kind: dict[str, dict[str, Any]]) -> None:
-        self.spec = self.spec.with_executor_params(by_kind)
+    def dispatcher(self) -> Any:
+        raise NotImplementedError
+
+    def set_workload(self, workload: Workload) -> list[int]:
+        raise NotImplementedError
+
+    def _apply_config(self, indices: list[int]) -> list[dict[str, Any]]:
+        self.pushed.append(list(indices))
+        return [{"compile_s": 1.0} for _ in indices]
 
     def standalone_ips(self, seconds: float, max_images: int | None = None,
                        indices: list[int] | None = None) -> list[float]:
@@ -189,6 +200,35 @@ def test_one_executor_is_measured_alone_once_per_class(nine_core_gpu_machine: Po
     assert manager.standalone_of(2, 0.1) == 10.0 and pool.measured[-1] == [2]  # a new configuration
     manager.standalone(0.1, 500)  # a trial's figures (its share as the cap): the CPU groups' is known
     assert pool.measured[-1] == [0]
+
+
+def test_a_single_sets_up_its_executor_alone_and_the_others_before_they_run(nine_core_gpu_machine: PoolSpec) -> None:
+    """A single's new GPU setting used to be compiled on every GPU of the topology at once: a third of a
+    two-GPU tune's wall time went to acquiring executors (BENCHMARKS.md 33)."""
+    manager = _manager(nine_core_gpu_machine)
+    manager.acquire({}, {})
+    pool = FakePool.made[-1]
+    assert pool.pushed == [list(range(9))]
+    changed = {"gpu": {"batch": 512}, "cpu": {"batch": 8}}
+    _, _, compile_s = manager.acquire({}, changed, only=[3])
+    assert pool.pushed[-1] == [3] and compile_s == 1.0  # exact: the fake's own figure, once
+    assert pool.spec.executors[0].batch == 512  # the spec holds the trial's params for every executor
+    manager.standalone_of(3, 0.1)
+    assert pool.pushed[-1] == [3] and pool.measured[-1] == [3]  # set up already: nothing pushed again
+    manager.standalone_of(5, 0.1)  # same class as 3: its figure is known, but 5 gets the params first
+    assert pool.pushed[-1] == [5]
+    manager.standalone(0.1, None)  # every executor may run: the rest get the params before measuring
+    assert pool.pushed[-1] == [0, 1, 2, 4, 6, 7, 8] and pool.unconfigured == set()
+    manager.acquire({}, changed)  # a trial over every executor: all of them (a no-op where unchanged)
+    assert pool.pushed[-1] == list(range(9))
+    manager.acquire({}, {"gpu": {"batch": 256}}, only=[])  # an engine family: no executor actor runs
+    assert pool.pushed[-1] == [] and pool.unconfigured == set(range(9))
+
+
+def test_the_executors_a_trial_sets_up_are_its_strategys() -> None:
+    assert get_strategy("single").executors_used({"executor": 2}) == [2]
+    assert get_strategy("fifo").executors_used({"c": 1}) is None
+    assert get_strategy("pipeline").executors_used({}) == []  # its engine runs on the devices, not the actors
 
 
 def test_executor_class_ignores_name_and_which_cores() -> None:

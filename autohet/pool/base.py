@@ -4,7 +4,7 @@ what makes two executors the same worker (``Identity``), and where a stream's ti
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -67,6 +67,7 @@ class Pool(ABC):
         self.spec = spec
         self.started_for: tuple[ModelSpec, int] | None = None
         self.stream_stats = StreamStats()
+        self.unconfigured: set[int] = set()  # executors the last ``configure`` left out (``only``)
 
     @property
     def names(self) -> list[str]:
@@ -129,14 +130,29 @@ class Pool(ABC):
         """Each executor's throughput running alone, measured one after another (only ``indices``,
         in that order, when given)."""
 
-    def configure(self, by_kind: dict[str, dict[str, Any]]) -> float:
+    def configure(self, by_kind: dict[str, dict[str, Any]], only: Collection[int] | None = None) -> float:
         """Applies per-kind executor params (batch, precision, backend...) for the next run; returns
-        the seconds executors spent compiling for them."""
+        the seconds executors spent compiling for them. ``only``: the executors the next run uses (a
+        single's one); the others get the params later (``configure_rest``), so that a setting a
+        single tries is compiled once, not on every GPU of the topology."""
         self.spec = self.spec.with_executor_params(by_kind)
-        return sum(d.get("compile_s", 0.0) for d in self._apply_config())
+        everyone = set(range(len(self.spec.executors)))
+        now = everyone if only is None else everyone & set(only)
+        self.unconfigured = everyone - now
+        return self._push(sorted(now))
 
-    def _apply_config(self) -> list[dict[str, Any]]:
-        """Optional hook: push the new executor params to live executors; their descriptions."""
+    def configure_rest(self, indices: Collection[int] | None = None) -> float:
+        """Gives the executors ``configure`` left out (those of ``indices`` among them, when given)
+        the pool's params before they run; returns their compile seconds."""
+        due = self.unconfigured if indices is None else self.unconfigured & set(indices)
+        self.unconfigured = self.unconfigured - due
+        return self._push(sorted(due)) if due else 0.0
+
+    def _push(self, indices: list[int]) -> float:
+        return sum(d.get("compile_s", 0.0) for d in self._apply_config(indices))
+
+    def _apply_config(self, indices: list[int]) -> list[dict[str, Any]]:
+        """Optional hook: push the spec's executor params to these live executors; their descriptions."""
         return []
 
     def shutdown(self) -> None:  # noqa: B027

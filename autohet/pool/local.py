@@ -172,10 +172,11 @@ class LocalPool(Pool):
         return [self.workers[i].call(lambda i=i: self.executors[i].standalone_ips(min_seconds, max_images))
                 for i in chosen]
 
-    def _apply_config(self) -> list[dict[str, Any]]:
+    def _apply_config(self, indices: list[int]) -> list[dict[str, Any]]:
         out = []
-        for worker, ex, spec in zip(self.workers, self.executors, self.spec.executors, strict=True):
-            worker.call(lambda ex=ex, spec=spec: ex.configure(spec.executor_params()))
+        for i in indices:
+            ex, spec = self.executors[i], self.spec.executors[i]
+            self.workers[i].call(lambda ex=ex, spec=spec: ex.configure(spec.executor_params()))
             out.append(ex.describe())
         return out
 

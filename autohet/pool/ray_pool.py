@@ -146,14 +146,14 @@ class RayPool(Pool):
                 out.append(0.0)
         return out
 
-    def _apply_config(self) -> list[dict[str, Any]]:
+    def _apply_config(self, indices: list[int]) -> list[dict[str, Any]]:
         from autohet.pool.actors import user_errors
 
         if not self.actors:
             return []
         with user_errors():
-            return get_interruptibly([a.configure.remote(s.executor_params())
-                                      for a, s in zip(self.actors, self.spec.executors, strict=True)])
+            return get_interruptibly([self.actors[i].configure.remote(self.spec.executors[i].executor_params())
+                                      for i in indices])
 
     def replace(self, indices: list[int]) -> None:
         """Kills these executors' actors (e.g. busy with a unit nobody waits for) and starts fresh

@@ -42,6 +42,15 @@ class Strategy(ABC):
     # by that executor alone, the others not started
     one_executor: ClassVar[bool] = False
 
+    def executors_used(self, params: dict[str, Any]) -> list[int] | None:
+        """The pool executors whose actors a run with ``params`` uses (None: all of them). A tune sets
+        up (and compiles for) only these before the trial: a single's new GPU setting compiled on every
+        GPU of its topology at once (docs/why.md, strategies/base.py)."""
+        if self.on_engine:
+            return []
+        index = params.get("executor")
+        return [index] if self.one_executor and isinstance(index, int) else None
+
     def validate(self, given: dict[str, Any]) -> dict[str, Any]:
         """Defaults filled in; unknown names and out-of-range values raise UserError."""
         return validate_params(f"strategy {self.name}", self.params, given)

@@ -74,10 +74,11 @@ class PoolManager:
         self.best_ips: float | None = None
         self.standalone_cache = StandaloneCache()
 
-    def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]]
-                ) -> tuple[PoolSpec, list[Any], float]:
-        """The topology's spec and actors with the trial's executor params applied, and the seconds
-        the executors spent compiling for it (0 when their compiled artefacts were already there)."""
+    def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
+                only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
+        """The topology's spec and actors with the trial's executor params applied (to the executors
+        ``only`` names, where given: those the trial uses), and the seconds the executors spent
+        compiling for it (0 when their compiled artefacts were already there)."""
         spec = regroup(self.base, pool_params)
         key = tuple(identity(e) for e in spec.executors)
         self.acquires += 1
@@ -95,7 +96,7 @@ class PoolManager:
             self.actors_adopted += len(adopt)
         self.last_used.update(dict.fromkeys(key, self.acquires))
         self._evict(set(key))
-        compile_s += self.pool.configure(exec_params) or 0.0
+        compile_s += self.pool.configure(exec_params, only) or 0.0
         return self.pool.spec, list(self.pool.actors), compile_s
 
     def _free_gpus(self, fresh: set[Identity]) -> None:
@@ -152,6 +153,7 @@ class PoolManager:
         """Standalone throughputs of the live topology's executors: one measurement per executor
         class and configuration (on its first executor), cached for the whole tune."""
         assert self.pool is not None, "acquire() first"
+        self.pool.configure_rest()
         return self.standalone_cache.measure(self.pool, seconds, max_images)
 
     def known_standalone(self, index: int) -> float | None:
@@ -168,6 +170,7 @@ class PoolManager:
         assert self.pool is not None, "acquire() first"
         if not 0 <= index < len(self.pool.spec.executors):
             return None  # the strategy's own check reports the bad index
+        self.pool.configure_rest([index])
         return self.standalone_cache.measure_one(self.pool, index, seconds)
 
     def device_figures(self, indices: list[int]) -> list[float | None]:

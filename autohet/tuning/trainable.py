@@ -126,7 +126,8 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
         return result
 
     try:
-        spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params))
+        only = get_strategy(strategy).executors_used(params)  # a single's executor: set up alone
+        spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params, only))
     except UserError as exc:
         return finish(_ended("refused", strategy, params, str(exc)))
     phases[TrialKey.ACQUIRE] = time.perf_counter() - started - phases.get(TrialKey.COOL, 0.0)
