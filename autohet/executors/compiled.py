@@ -86,8 +86,8 @@ def compiling_on_process_cores() -> Iterator[int]:
 
     Inductor counts its compile workers from the calling thread's affinity, and its worker processes
     inherit that thread's pinning: an executor's thread pinned to its one feeder core compiled every
-    kernel in turn, 11-13.5 s a batch for resnet18 on the H200x2 box, a third of a tune's wall time
-    (BENCHMARKS.md 33). A compile runs while the executor is set up, when no run is measured."""
+    kernel in turn. A new resnet18 batch took 11-13.5 s to set up on the H200x2 box, 5.7-7.6 s after
+    (BENCHMARKS.md 33, 34). A compile runs while the executor is set up, when no run is measured."""
     cores = set(process_cores())
     tid = threading.get_native_id()
     if len(cores) < 2 or not hasattr(os, "sched_setaffinity"):

@@ -22,7 +22,7 @@ __all__ = ["copy_parts", "copy_rows", "copy_threads"]
 _POOL: ThreadPoolExecutor | None = None
 _POOL_THREADS = 0
 _LOCK = threading.Lock()
-MAX_THREADS = 16  # the default's cap: the H100/H200 boxes' 16 cores (a 32-core box may want more: BENCHMARKS.md 33)
+MAX_THREADS = 16  # the default's cap: more staged faster alone but slowed two GPUs' stream (BENCHMARKS.md 34)
 
 
 def _cores() -> set[int]:
