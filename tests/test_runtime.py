@@ -219,6 +219,31 @@ def test_a_large_copy_split_over_threads_gives_the_same_rows():
     assert _pool(copy_threads()).submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == _cores()
 
 
+def test_the_copy_threads_use_the_process_cores_after_an_executor_pinned_the_main_thread(monkeypatch):
+    """A Ray actor runs its methods on the process's main thread, and a GPU executor pins that thread to
+    its one feeding core: the copy threads, sized and unpinned by the main thread's affinity, were one."""
+    import os
+
+    import torch
+
+    import autohet.executors.cpu as cpu
+    from autohet.platform import host_copy
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process of two cores or more that can pin threads")
+    monkeypatch.delenv("AUTOHET_COPY_THREADS", raising=False)
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        cpu.pin_thread((min(cores),))  # the main thread, as an executor in a Ray actor pins it
+        assert os.sched_getaffinity(os.getpid()) == {min(cores)}
+        assert host_copy._cores() == cores
+        assert host_copy.copy_threads() == min(host_copy.MAX_THREADS, len(cores))
+    finally:
+        os.sched_setaffinity(0, cores)
+        cpu._PINNED.cores = None
+        torch.set_num_threads(threads)
+
+
 def test_the_copy_threads_follow_their_setting_and_a_lanes_piece_uses_them_all(monkeypatch):
     """``AUTOHET_COPY_THREADS`` (a bench's A/B of the staging threads) sizes the copy pool; unset, the
     process's cores up to the cap. A copy of a few tens of MB (a lane's piece of a window) is cut into

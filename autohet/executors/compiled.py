@@ -20,7 +20,8 @@ import torch
 
 from autohet.core.errors import UserError
 from autohet.executors.backends import BACKENDS
-from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, process_cores, use_compile_cache
+from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
+from autohet.platform.cores import process_cores
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "compiling_on_process_cores",
            "cpu_flags", "graph_call", "native_cpu_bf16", "unsupported", "use_compile_cache"]

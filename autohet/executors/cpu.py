@@ -25,6 +25,7 @@ from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import check_backend
 from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
+from autohet.platform.cores import note_process_cores
 
 __all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "own_threads",
            "pin_thread"]
@@ -133,6 +134,7 @@ def pin_thread(cores: tuple[int, ...], owner: str = "", yields: bool = False) ->
     if getattr(_PINNED, "cores", None) == cores:
         return
     if cores and hasattr(os, "sched_setaffinity"):
+        note_process_cores()  # before the process's first pinning: its compiles use them all
         available = os.sched_getaffinity(0) | set(range(os.cpu_count() or 1))
         missing = sorted(set(cores) - available)
         if missing:

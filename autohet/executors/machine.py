@@ -8,16 +8,7 @@ from pathlib import Path
 from autohet.core.errors import UserError
 from autohet.core.settings import env
 
-__all__ = ["compile_cache_dir", "cpu_flags", "native_cpu_bf16", "process_cores", "use_compile_cache"]
-
-# the cores this process was given, read when executors were first imported: before any executor pinned a thread
-_PROCESS_CORES = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
-
-
-def process_cores() -> frozenset[int]:
-    """The cores this process was started on (a taskset or a container's cpuset), whatever the calling
-    thread is pinned to now; empty where the platform cannot say."""
-    return _PROCESS_CORES
+__all__ = ["compile_cache_dir", "cpu_flags", "native_cpu_bf16", "use_compile_cache"]
 
 
 def compile_cache_dir() -> Path:

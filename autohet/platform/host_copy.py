@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from autohet.core.settings import CHUNK_BYTES
+from autohet.platform.cores import process_cores
 
 __all__ = ["copy_parts", "copy_rows", "copy_threads"]
 
@@ -26,10 +27,9 @@ MAX_THREADS = 16  # the default's cap: more staged faster alone but slowed two G
 
 
 def _cores() -> set[int]:
-    """The process's cores (its main thread's affinity: executors pin only their own threads)."""
-    if hasattr(os, "sched_getaffinity"):
-        return os.sched_getaffinity(os.getpid())
-    return set(range(os.cpu_count() or 1))
+    """The process's cores (``process_cores``: executors pin their own threads, in a Ray actor its main
+    thread among them)."""
+    return set(process_cores())
 
 
 def _unpin() -> None:
