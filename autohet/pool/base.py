@@ -133,8 +133,8 @@ class Pool(ABC):
     def configure(self, by_kind: dict[str, dict[str, Any]], only: Collection[int] | None = None) -> float:
         """Applies per-kind executor params (batch, precision, backend...) for the next run; returns
         the seconds executors spent compiling for them. ``only``: the executors the next run uses (a
-        single's one); the others get the params later (``configure_rest``), so that a setting a
-        single tries is compiled once, not on every GPU of the topology."""
+        single's one); the others get the params later (``configure_rest``), from the compile cache
+        the first one filled, instead of every GPU of the topology compiling the setting at once."""
         self.spec = self.spec.with_executor_params(by_kind)
         everyone = set(range(len(self.spec.executors)))
         now = everyone if only is None else everyone & set(only)

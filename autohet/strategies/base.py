@@ -44,8 +44,9 @@ class Strategy(ABC):
 
     def executors_used(self, params: dict[str, Any]) -> list[int] | None:
         """The pool executors whose actors a run with ``params`` uses (None: all of them). A tune sets
-        up (and compiles for) only these before the trial: a single's new GPU setting compiled on every
-        GPU of its topology at once (docs/why.md, strategies/base.py)."""
+        up (and compiles for) only these before the trial, the others when they are next measured or
+        run: a single's new GPU setting was compiled on every GPU of its topology at once (docs/why.md,
+        strategies/base.py)."""
         if self.on_engine:
             return []
         index = params.get("executor")
