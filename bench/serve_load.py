@@ -265,9 +265,10 @@ def kill_replica(url: str, args: argparse.Namespace, start: float, fault: dict[s
     replicas = get_json(url + "/healthz")[1]["replicas"]
     victim = next((r for r in replicas if r["name"] == args.kill_replica), None) if args.kill_replica else \
         max(replicas, key=lambda r: r["speed_ips"] or 0)
-    if victim is None:
-        raise SystemExit(f"--kill-replica {args.kill_replica}: no such replica "
-                         f"({', '.join(r['name'] for r in replicas)})")
+    if victim is None:  # on a thread: the load reports it once its clients are done
+        fault["error"] = (f"--kill-replica {args.kill_replica}: no such replica "
+                          f"({', '.join(r['name'] for r in replicas)})")
+        return
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.perf_counter()
     fault.update(killed=victim["name"], killed_at_s=killed - start)
@@ -306,6 +307,8 @@ def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -
     for thread in clients:
         thread.join()
     wall = time.perf_counter() - start
+    if "error" in fault:
+        raise SystemExit(fault["error"])
     fault["images_routed"] = routed(url)
     return tally, wall, fault
 
@@ -417,6 +420,8 @@ async def load_grpc(url: str, bodies: Bodies, args: argparse.Namespace, toleranc
         tasks.append(asyncio.to_thread(kill_replica, url, args, start, fault))
     await asyncio.gather(*tasks)
     wall = time.perf_counter() - start
+    if "error" in fault:
+        raise SystemExit(fault["error"])
     fault["images_routed"] = await asyncio.to_thread(routed, url)
     await client.close()
     return tally, wall, fault
@@ -461,7 +466,12 @@ def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
     gc.unfreeze()
     tally, walls, fault, cpu = Tally(), [], {}, 0.0
     for p, (proc, conn) in enumerate(children):
-        part, wall, part_fault, part_cpu = conn.recv()
+        try:
+            part, wall, part_fault, part_cpu = conn.recv()
+        except EOFError:  # it ended without its figures (its error went to stderr)
+            proc.join()
+            raise SystemExit(f"load process {p} ended with exit code {proc.exitcode} and no figures; "
+                             "its error is above") from None
         proc.join()
         tally.add(part)
         walls.append(wall)
