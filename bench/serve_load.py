@@ -282,10 +282,18 @@ def kill_replica(url: str, args: argparse.Namespace, start: float, fault: dict[s
             continue
 
 
+def healthz_replicas(url: str, timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    """``/healthz``'s replicas, none where it does not answer 200 (or at all)."""
+    try:
+        status, health = get_json(url + "/healthz", timeout_s)
+    except (OSError, ValueError):
+        return []
+    return (health or {}).get("replicas", []) if status == 200 else []
+
+
 def routed(url: str) -> dict[str, int]:
-    """The images each replica ran (``/healthz``), empty where it does not answer 200."""
-    status, health = get_json(url + "/healthz")
-    return {r["name"]: r["images_routed"] for r in (health or {}).get("replicas", [])} if status == 200 else {}
+    """The images the ingress routed to each replica."""
+    return {r["name"]: r["images_routed"] for r in healthz_replicas(url)}
 
 
 def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
@@ -530,15 +538,9 @@ def stop_service(proc: subprocess.Popen) -> tuple[int, float, str]:
 def replica_state(url: str) -> dict[str, dict[str, Any]]:
     """Each replica's counters so far (``/healthz``; {} if it is not 200): device calls, the images they
     ran, and its stream's (``StreamStats``)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url + "/healthz", timeout=30) as response:
-            replicas = json.loads(response.read())["replicas"]
-    except (OSError, ValueError, KeyError):
-        return {}
     return {r["name"]: {"calls": int(r.get("executions", 0)), "images": int(r.get("inferences", 0)),
-                        **{f"stream_{k}": v for k, v in (r.get("stream") or {}).items()}} for r in replicas}
+                        **{f"stream_{k}": v for k, v in (r.get("stream") or {}).items()}}
+            for r in healthz_replicas(url, timeout_s=30.0)}
 
 
 def call_fill(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, float | None]:

@@ -80,10 +80,10 @@ def compile_module(module: torch.nn.Module, mode: str, example: torch.Tensor) ->
 
 
 @contextmanager
-def compiling_on_process_cores() -> Iterator[int]:
+def compiling_on_process_cores() -> Iterator[None]:
     """The calling thread moved onto every core of the process while it compiles, and inductor told to
     compile on as many workers (up to ``MAX_COMPILE_THREADS``, unless ``TORCHINDUCTOR_COMPILE_THREADS``
-    says otherwise); the thread's own pinning back afterwards. Yields the compile workers' count.
+    says otherwise); the thread's own pinning back afterwards.
 
     Inductor counts its compile workers from the calling thread's affinity, and its worker processes
     inherit that thread's pinning: an executor's thread pinned to its one feeder core compiled every
@@ -92,7 +92,7 @@ def compiling_on_process_cores() -> Iterator[int]:
     cores = set(process_cores())
     tid = threading.get_native_id()
     if len(cores) < 2 or not hasattr(os, "sched_setaffinity"):
-        yield 1
+        yield
         return
     import torch._inductor.config as inductor_config
 
@@ -101,7 +101,7 @@ def compiling_on_process_cores() -> Iterator[int]:
     inductor_config.compile_threads = workers
     os.sched_setaffinity(tid, cores)
     try:
-        yield workers
+        yield
     finally:
         os.sched_setaffinity(tid, pinned)
 
