@@ -1,10 +1,12 @@
 """What reading a ModelInfer request costs an ingress process: the message parsed whole by protobuf
-against ``read_infer_request`` (the tensors left in the wire bytes), side by side in one run.
+against ``read_infer_request`` (the tensors left in the wire bytes), and the freed messages kept in the
+heap (``platform.memory.keep_large_blocks``) or not, side by side in one run.
 
-A gRPC server with one ModelInfer method runs in a process of its own, in one of two modes by turns:
-``protobuf`` (the request deserialised by protobuf, its tensor read from ``raw_input_contents``) and
-``walk`` (the wire bytes through ``autohet.service.oip_grpc.read_infer_request``); either way the tensor
-is then copied once, as the ingress copies it into shared memory, and the answer is FP32 logits.
+A gRPC server with one ModelInfer method runs in a process of its own, in one of three modes by turns:
+``protobuf`` (the request deserialised by protobuf, its tensor read from ``raw_input_contents``),
+``walk`` (the wire bytes through ``autohet.service.oip_grpc.read_infer_request``) and ``walk+heap`` (the
+walk, large blocks kept in the heap as the ingress keeps them); each time the tensor is then copied once,
+as the ingress copies it into shared memory, and the answer is FP32 logits.
 ``tritonclient.grpc.aio`` clients in another process send ``--images`` uint8 224x224 images per request
 for ``--seconds``. Printed per round: requests, the server process's CPU milliseconds per request and
 its MB of tensor per CPU second; then each mode's median and their ratio.
@@ -29,8 +31,12 @@ PIXELS = 3 * 224 * 224
 def _serve(mode: str, port: int, images: int, options: tuple[tuple[str, int], ...] = ()) -> None:
     import grpc
 
+    from autohet.platform.memory import keep_large_blocks
     from autohet.service import oip_messages_pb2 as pb
     from autohet.service.oip_grpc import read_infer_request
+
+    if mode == "walk+heap" and not keep_large_blocks(1 << 30):
+        raise SystemExit("walk+heap: this libc has no mallopt (glibc only)")
 
     logits = np.zeros((images, 1000), "<f4").tobytes()
 
@@ -80,6 +86,20 @@ def _load(port: int, images: int, clients: int, seconds: float, done: multiproce
     done.put(asyncio.run(main()))
 
 
+def _wait_listening(port: int, server: multiprocessing.Process, timeout_s: float = 60.0) -> None:
+    """Until the server's port takes connections (its imports take seconds on a busy 2-core box)."""
+    import socket
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and server.is_alive():
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"the gRPC server did not listen on port {port} within {timeout_s:g} s "
+                     f"(alive: {server.is_alive()})")
+
+
 def one_round(mode: str, args: argparse.Namespace, port: int) -> dict[str, float]:
     import psutil
 
@@ -87,7 +107,7 @@ def one_round(mode: str, args: argparse.Namespace, port: int) -> dict[str, float
     options = tuple(args.options) if mode == "walk+options" else ()
     server = context.Process(target=_serve, args=(mode, port, args.images, options), daemon=True)
     server.start()
-    time.sleep(2.0)  # the server's start
+    _wait_listening(port, server)
     try:
         process = psutil.Process(server.pid)
         before = process.cpu_times()
@@ -113,24 +133,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--port", type=int, default=0, help="the first round's port (default: a free one each round)")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=INT",
-                        help="a gRPC server channel argument: adds a third mode, walk+options, the walk with them")
+                        help="a gRPC server channel argument: adds a fourth mode, walk+options, the walk with them")
     args = parser.parse_args()
     from bench.serve_load import free_port
 
     args.options = [(name, int(value)) for name, value in (o.split("=", 1) for o in args.option)]
-    rows: dict[str, list[dict[str, float]]] = {"protobuf": [], "walk": []}
+    rows: dict[str, list[dict[str, float]]] = {"protobuf": [], "walk": [], "walk+heap": []}
     if args.options:
         rows["walk+options"] = []
     for k in range(args.rounds):
         for mode in rows:
-            port = args.port + 3 * k + list(rows).index(mode) if args.port else free_port()
+            port = args.port + len(rows) * k + list(rows).index(mode) if args.port else free_port()
             row = one_round(mode, args, port)
             rows[mode].append(row)
             print(f"round {k + 1} {mode:12s} {row['requests']:5d} requests  {row['ms_per_request']:6.2f} ms CPU "
                   f"per request  {row['mb_per_cpu_s']:5.0f} MB per CPU s", flush=True)
     medians = {mode: statistics.median(r["ms_per_request"] for r in got) for mode, got in rows.items()}
     print(f"median server CPU per {args.images}-image request: protobuf {medians['protobuf']:.2f} ms, walk "
-          f"{medians['walk']:.2f} ms: walk / protobuf {medians['walk'] / medians['protobuf']:.3f}")
+          f"{medians['walk']:.2f} ms: walk / protobuf {medians['walk'] / medians['protobuf']:.3f}; walk+heap "
+          f"{medians['walk+heap']:.2f} ms: / walk {medians['walk+heap'] / medians['walk']:.3f}")
     if args.options:
         print(f"walk with {args.options}: {medians['walk+options']:.2f} ms: / walk "
               f"{medians['walk+options'] / medians['walk']:.3f}")

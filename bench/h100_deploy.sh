@@ -102,7 +102,7 @@ case "$1" in
     for p in ${PROTOCOLS:-v2-http v2-grpc}; do
       log "serve $cfg at saturation through $p (tritonclient, binary tensors): 64 clients in 8 processes, 64-image uint8 tensors, ${SERVE_SECONDS:-15} s"
       t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients 64 --client-procs 8 \
-        --npy-batch 64 --pixels --protocol $p --seconds ${SERVE_SECONDS:-15} --out "$W/serve_$p.json" > "$W/serve_$p.log" 2>&1
+        --npy-batch 64 --pixels --protocol $p --seconds ${SERVE_SECONDS:-15} ${SERVE_ARGS:-} --out "$W/serve_$p.json" > "$W/serve_$p.log" 2>&1
       tail -12 "$W/serve_$p.log"; stop_ray
     done ;;
   phases)  # where a served request's time goes: serve_load runs of one config, RUNS="clients:procs:images ..."

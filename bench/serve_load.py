@@ -17,7 +17,8 @@ One run, one command:
    With ``--protocol v2-http`` or ``v2-grpc`` the clients speak the Open Inference Protocol v2 with
    binary tensors (the same float32 inputs or ``--pixels``, FP32 logits back): over HTTP each request
    encoded and each answer decoded by ``tritonclient.http`` and sent on the same threads; over gRPC
-   ``tritonclient.grpc.aio``. 503 / UNAVAILABLE retried alike; the service is started with
+   encoded and decoded by ``tritonclient.grpc`` and sent on grpcio channels, one per thread. 503 /
+   UNAVAILABLE retried alike; the service is started with
    ``--grpc-port`` for gRPC. The phases below come only with ``v1`` (``Server-Timing``);
 4. the fault (``--kill-replica-after S``): after S seconds one replica's process (``--kill-replica
    NAME``, default the fastest) is killed with SIGKILL, and the time until ``/healthz`` is 200 again
@@ -54,7 +55,6 @@ computed (CUDA events), its stream waited for requests, and the staging per wind
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import io
 import json
@@ -206,45 +206,87 @@ def within(got: np.ndarray, expected: np.ndarray, tolerance: float) -> bool:
         float(np.abs(got - expected).max()) <= tolerance * max(float(np.abs(expected).max()), 1e-6)
 
 
-def grpc_sender(args: argparse.Namespace, bodies: Bodies, tolerance: float, tally: Tally) -> tuple[Any, Any]:
-    """(client, send): Triton's asyncio gRPC client and ``send(k)``, one v2 inference of body ``k``
-    with binary tensors until it is answered (UNAVAILABLE retried) or lost."""
-    import tritonclient.grpc.aio as tc
-    from tritonclient.utils import InferenceServerException
+@dataclass
+class GrpcCall:
+    """What a gRPC client sends (request ``k % len(wires)``, ModelInfer's wire bytes) and how it checks an
+    answer's bytes."""
 
-    client = tc.InferenceServerClient(f"127.0.0.1:{args.grpc_port}")
-    tensors = []
-    for x in bodies.arrays:  # encoded once: a request is then the client's own work only
+    wires: list[bytes]
+    correct: Callable[[bytes, int], bool]  # (answer's bytes, k): the answer holds request k's outputs
+
+
+def grpc_call(bodies: Bodies, args: argparse.Namespace, tolerance: float) -> GrpcCall:
+    """The v2 ModelInfer requests with binary tensors as Triton's gRPC client builds them (its own
+    ``_get_inference_request``, serialised once per body, as perf_analyzer prepares its inputs once), and
+    each answer decoded by it (``InferResult``); only the transport is grpcio's own (``grpc_client``)."""
+    import tritonclient.grpc as tc
+    from tritonclient.grpc import service_pb2
+
+    try:
+        from tritonclient.grpc._utils import _get_inference_request
+    except ImportError as exc:  # a tritonclient whose private encoder moved
+        raise SystemExit(f"tritonclient {getattr(tc, '__version__', '?')} has no _get_inference_request "
+                         f"({exc}); install tritonclient[grpc]==2.73.0") from None
+    wires = []
+    for x in bodies.arrays:
         tensor = tc.InferInput("input", list(x.shape), "UINT8" if args.pixels else "FP32")
         tensor.set_data_from_numpy(x)
-        tensors.append(tensor)
-    output = tc.InferRequestedOutput("logits")
+        request = _get_inference_request(model_name=bodies.model, inputs=[tensor], model_version="", request_id="",
+                                         outputs=[tc.InferRequestedOutput("logits")], sequence_id=0,
+                                         sequence_start=False, sequence_end=False, priority=0, timeout=None,
+                                         parameters=None)
+        wires.append(request.SerializeToString())
 
-    async def send(k: int) -> None:
-        n = k % len(tensors)
-        while True:
+    def answer_ok(answer: bytes, k: int) -> bool:
+        try:
+            result = tc.InferResult(service_pb2.ModelInferResponse.FromString(answer))
+            return within(result.as_numpy("logits"), bodies.expected[k % len(wires)], tolerance)
+        except Exception:  # an answer Triton's client cannot read: wrong
+            return False
+
+    return GrpcCall(wires, answer_ok)
+
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def grpc_client(c: int, url: str, call: GrpcCall, args: argparse.Namespace, deadline: float, tally: Tally,
+                lock: Any) -> None:
+    """One closed-loop gRPC client on a thread of its own, with its own channel and connection (a local
+    subchannel pool: the ingress processes' SO_REUSEPORT shares connections, not requests). Triton's
+    asyncio client rebuilt and copied each 9.6 MB request: 9.4-11.8 ms of client CPU a request on the
+    2-core box against 3.6-4.5 ms this way (BENCHMARKS.md 35)."""
+    import grpc
+
+    channel = grpc.insecure_channel(f"127.0.0.1:{args.grpc_port}", options=[
+        ("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+        ("grpc.use_local_subchannel_pool", 1)])
+    infer = channel.unary_unary(GRPC_INFER, request_serializer=None, response_deserializer=None)
+    mine, k = Tally(), c
+    while time.perf_counter() < deadline:
+        n = k % len(call.wires)
+        while True:  # one request until it is answered (UNAVAILABLE retried) or lost
             sent = time.perf_counter()
             try:
-                result = await client.infer(bodies.model, [tensors[n]], outputs=[output])
-            except InferenceServerException as exc:
-                if str(exc.status()) in ("503", "StatusCode.UNAVAILABLE"):
-                    tally.rejected += 1
-                    await asyncio.sleep(args.retry_cap_s)
+                answer = infer(call.wires[n], timeout=args.request_timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" not in (exc.details() or ""):
+                    mine.rejected += 1
+                    time.sleep(args.retry_cap_s)
                     continue
-                tally.lost.append(f"{exc.status()}: {exc.message()}"[:200])
-                return
-            except Exception as exc:  # a broken connection, a timeout: lost
-                tally.lost.append(f"{type(exc).__name__}: {exc}"[:200])
-                return
-            if not within(result.as_numpy("logits"), bodies.expected[n], tolerance):
-                tally.wrong += 1
-                tally.lost.append("a wrong answer")
-                return
-            tally.answered += 1
-            tally.latencies.append(time.perf_counter() - sent)
-            return
-
-    return client, send
+                mine.lost.append(f"{exc.code()}: {exc.details()}"[:200])
+                break
+            if not call.correct(answer, n):
+                mine.wrong += 1
+                mine.lost.append("a wrong answer")
+            else:
+                mine.answered += 1
+                mine.latencies.append(time.perf_counter() - sent)
+            break
+        k += args.clients
+    channel.close()
+    with lock:
+        tally.add(mine)
 
 
 def get_json(url: str, timeout_s: float = 10.0) -> tuple[int, Any]:
@@ -297,16 +339,17 @@ def routed(url: str) -> dict[str, int]:
 
 
 def load(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
-    """``clients`` closed-loop clients for ``seconds``, and the fault at ``kill_replica_after``."""
-    if args.protocol == "v2-grpc":
-        return asyncio.run(load_grpc(url, bodies, args, tolerance))
+    """``clients`` closed-loop clients on threads for ``seconds``, and the fault at ``kill_replica_after``."""
     import threading
 
     tally, fault, lock = Tally(), {}, threading.Lock()
-    call = http_call(bodies, args, tolerance)
+    if args.protocol == "v2-grpc":
+        client, call = grpc_client, grpc_call(bodies, args, tolerance)
+    else:
+        client, call = http_client, http_call(bodies, args, tolerance)
     start = time.perf_counter()
     deadline = start + args.seconds
-    clients = [threading.Thread(target=http_client, args=(c, url, call, args, deadline, tally, lock))
+    clients = [threading.Thread(target=client, args=(c, url, call, args, deadline, tally, lock))
                for c in range(args.clients)]
     if args.kill_replica_after is not None:
         clients.append(threading.Thread(target=kill_replica, args=(url, args, start, fault)))
@@ -410,34 +453,13 @@ def http_client(c: int, url: str, call: HttpCall, args: argparse.Namespace, dead
         tally.add(mine)
 
 
-async def load_grpc(url: str, bodies: Bodies, args: argparse.Namespace, tolerance: float) -> tuple[Tally, float, dict]:
-    """The v2 gRPC clients (Triton's asyncio ones) for ``seconds``, and the fault at ``kill_replica_after``."""
-    tally, fault = Tally(), {}
-    client, send = grpc_sender(args, bodies, tolerance, tally)
-    start = time.perf_counter()
-    deadline = start + args.seconds
-
-    async def one_client(c: int) -> None:
-        k = c
-        while time.perf_counter() < deadline:
-            await send(k)
-            k += args.clients
-
-    tasks = [one_client(c) for c in range(args.clients)]
-    if args.kill_replica_after is not None:
-        tasks.append(asyncio.to_thread(kill_replica, url, args, start, fault))
-    await asyncio.gather(*tasks)
-    wall = time.perf_counter() - start
-    if "error" in fault:
-        raise SystemExit(fault["error"])
-    fault["images_routed"] = await asyncio.to_thread(routed, url)
-    await client.close()
-    return tally, wall, fault
-
-
 def _timed_load(url: str, bodies: Bodies, args: argparse.Namespace,
                 tolerance: float) -> tuple[Tally, float, dict, float]:
-    """``load`` in this process, with the CPU seconds it took."""
+    """``load`` in this process, with the CPU seconds it took (its answers' blocks kept in the heap, as
+    the ingress keeps its requests')."""
+    from autohet.platform.memory import keep_large_blocks
+
+    keep_large_blocks(32 << 20)
     cpu = time.process_time()
     tally, wall, fault = load(url, bodies, args, tolerance)
     return tally, wall, fault, time.process_time() - cpu
@@ -594,7 +616,7 @@ def main() -> None:
     parser.add_argument("--config", help="an exported config (runs/<experiment>/best.yaml)")
     parser.add_argument("--clients", type=int, default=32, help="concurrent clients, one request in flight each")
     parser.add_argument("--client-procs", type=int, default=1,
-                        help="processes the clients are shared between (one asyncio process sends ~1-2 GB/s)")
+                        help="processes the clients are shared between (each process's clients share its GIL)")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the clients send")
     parser.add_argument("--npy-batch", type=int, default=1, help="images per .npy request (default 1)")
     parser.add_argument("--pixels", action="store_true",
@@ -618,7 +640,7 @@ def main() -> None:
     parser.add_argument("--protocol", choices=("v1", "v2-http", "v2-grpc"), default="v1",
                         help="the clients' protocol: POST /v1/predict, or the Open Inference Protocol v2 with binary "
                              "tensors (HTTP: encoded and decoded by tritonclient.http, sent on http.client threads; "
-                             "gRPC: tritonclient.grpc.aio)")
+                             "gRPC: encoded and decoded by tritonclient.grpc, sent on grpcio channels)")
     parser.add_argument("--grpc-port", type=int, help="v2-grpc: the service's gRPC port (default: a free one)")
     parser.add_argument("--smoke", action="store_true",
                         help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")

@@ -105,3 +105,26 @@ def test_the_http_load_client_accepts_the_services_answer_and_no_other(protocol:
 
     assert call.correct(*answer(expected), 0)
     assert not call.correct(*answer(expected + 0.01), 0)
+
+
+def test_the_grpc_load_client_sends_what_the_service_reads_and_checks_its_answers() -> None:
+    """The load's gRPC requests (tritonclient's encoding) are read by the service's own reader, the pixels
+    exact; the service's own answer with the right outputs passes (tritonclient decodes it), outputs off by
+    more than the tolerance do not, nor bytes that are no answer."""
+    import argparse
+
+    from autohet.service import oip
+    from autohet.service.oip_grpc import infer_response, read_infer_request, request_images
+    from bench.serve_load import Bodies, grpc_call, npy
+
+    x = np.arange(2 * 3 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4, 3)
+    expected = np.linspace(-1.0, 1.0, 2 * 5, dtype=np.float32).reshape(2, 5)
+    bodies = Bodies("application/x-npy", [npy(x)], [expected], 2, arrays=[x], model="m")
+    call = grpc_call(bodies, argparse.Namespace(pixels=True), tolerance=1e-3)
+    info = oip.ModelInfo("m", (4, 4, 3), 5, 8)
+    request, raws = read_infer_request(call.wires[0])
+    shape, datatype, data = request_images(request, info, raws)
+    assert datatype == "UINT8" and np.array_equal(oip.binary_tensor(data, shape, datatype), x)
+    assert call.correct(infer_response(info, request.id, expected).SerializeToString(), 0)
+    assert not call.correct(infer_response(info, request.id, expected + 0.01).SerializeToString(), 0)
+    assert not call.correct(b"not an answer", 0)

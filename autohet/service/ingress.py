@@ -326,6 +326,9 @@ class ListeningIngress(Ingress):
     process Serve starts again after a crash listens again)."""
 
     def __init__(self, settings: IngressSettings, **replicas: Any) -> None:
+        from autohet.platform.memory import keep_large_blocks
+
+        keep_large_blocks(settings.max_body)  # each gRPC request arrives as a new bytes of its size
         super().__init__(settings, shm=True, **replicas)
         self.listener = Listener(self, bind_shared(settings.host, settings.port), settings.max_body,
                                  body_timeout_s=settings.request_timeout_s)
