@@ -1,6 +1,6 @@
 #!/bin/sh
 # Issue 46/49's figures on a machine of several GPUs, one section per device call, back to back:
-#   sh bench/multi_gpu.sh SECTION     SECTION: scaling | models | tune | serve
+#   sh bench/multi_gpu.sh SECTION     SECTION: scaling | models | stream | tune | serve
 # scaling: resnet18 on one GPU and on every GPU (in-process executors) next to one torch.compile process per
 # GPU (PEER=0: not), the N-GPU config through autohet.load (float32 and uint8 pixels; float32 again at each of
 # COPY_THREADS staging threads, and the host's staging alone), and with an 8-core CPU group beside the GPUs
@@ -9,6 +9,9 @@
 # over them (batch-1 latency) next to one GPU alone (MODELS: other models; ENGINE=0: the scaling alone).
 # tune: a default 300 s `autohet tune --model resnet18` on the auto pool next to the N-process torch.compile
 # peer, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
+# stream: a fifo config over every GPU (units of 4 batches, BACKENDS: inductor cudagraphs) through
+# bench.runtime_load in a fresh process each (IMAGES, default 30000): run, float32 stream, pixels stream, and
+# each lane's images and busy time (no wheels needed).
 # serve: that config (CONFIG) behind `autohet serve` at saturation against its offline stream, then a GPU
 # replica killed mid-load (FAULT=0: not).
 # Logs and JSON go to $OUT.
@@ -35,6 +38,26 @@ case "$1" in
     t timeout -k 10 ${SCALING_TIMEOUT:-330} python3 -m bench.multi_gpu --models resnet18 --backend inductor --seconds 4 \
       --cpu-group 8 $peer --copy-threads "${COPY_THREADS:-}" --out "$W/scaling.json" > "$W/scaling.log" 2>&1
     grep -v -i warn "$W/scaling.log" | tail -12 ;;
+  stream)
+    n=$(nvidia-smi -L | wc -l)
+    for b in ${BACKENDS:-inductor cudagraphs}; do
+      python3 - "$n" "$b" "$W/fifo${n}_$b.yaml" <<'EOF'
+import sys
+from autohet.config import RunConfig, write_config
+from autohet.core.models import ModelSpec
+from autohet.executors import ExecutorSpec
+from autohet.pool import PoolSpec
+n, backend, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+gpus = [ExecutorSpec(name=f"gpu{i}", kind="gpu", cores=(i,), gpu=i, batch=256, precision="fp16", channels_last=True,
+                     backend=backend) for i in range(n)]
+write_config(RunConfig(ModelSpec("resnet18"), PoolSpec("gpus", gpus), "fifo", {"c": 4, "unit": "batches"},
+                       images=20000), path)
+EOF
+      log "autohet.load of fifo over $n GPUs ($b), a fresh process: its run, its streams, each lane"
+      t timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/fifo${n}_$b.yaml" \
+        --images ${IMAGES:-30000} --out "$W/stream_$b.json" > "$W/stream_$b.log" 2>&1
+      grep -v -i warn "$W/stream_$b.log" | tail -8
+    done ;;
   models)
     log "${MODELS:-vgg16,efficientnet_b0}: autohet on 1 and on every GPU (CUDA graphs)"
     t timeout -k 10 ${MODELS_TIMEOUT:-240} python3 -m bench.multi_gpu --models ${MODELS:-vgg16,efficientnet_b0} \

@@ -124,6 +124,7 @@ def test_the_grpc_load_client_sends_what_the_service_reads_and_checks_its_answer
     info = oip.ModelInfo("m", (4, 4, 3), 5, 8)
     request, raws = read_infer_request(call.wires[0])
     shape, datatype, data = request_images(request, info, raws)
+    # exact: uint8 pixels moved, not computed: the client's encoding as the service reads it
     assert datatype == "UINT8" and np.array_equal(oip.binary_tensor(data, shape, datatype), x)
     assert call.correct(infer_response(info, request.id, expected).SerializeToString(), 0)
     assert not call.correct(infer_response(info, request.id, expected + 0.01).SerializeToString(), 0)
