@@ -254,7 +254,7 @@ def grpc_client(c: int, url: str, call: GrpcCall, args: argparse.Namespace, dead
                 lock: Any) -> None:
     """One closed-loop gRPC client on a thread of its own, with its own channel and connection (a local
     subchannel pool: the ingress processes' SO_REUSEPORT shares connections, not requests). Triton's
-    asyncio client rebuilt and copied each 9.6 MB request: 9.4-11.8 ms of client CPU a request on the
+    asyncio client rebuilt and copied each 9.6 MB request: 9.4-12.2 ms of client CPU a request on the
     2-core box against 3.6-4.5 ms this way (BENCHMARKS.md 35)."""
     import grpc
 

@@ -5,7 +5,7 @@ most) with a fresh mapping and returns it to the kernel when it is freed; it als
 once more than its trim threshold is free. A process that receives one 10 MB message after another (a
 gRPC ingress: grpcio hands each request over as a new ``bytes``) then pays a page fault for every 4 KB of
 every message. Held in the heap, the blocks are reused: on the 2-core box a gRPC server's CPU per 9.6 MB
-request fell from 13.9-30.2 ms to 9.5-10.4 ms (BENCHMARKS.md 35).
+request fell from a median of 18.4 ms to 11.2 ms (``bench/grpc_ingress.py``, BENCHMARKS.md 35).
 """
 
 from __future__ import annotations
