@@ -248,6 +248,15 @@ def grpc_call(bodies: Bodies, args: argparse.Namespace, tolerance: float) -> Grp
 
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+# how grpc core words an UNAVAILABLE of its own (the connection failed or broke): lost, as HTTP's OSError; the
+# service's UNAVAILABLE (draining, a full queue, no replica answered) is a 503 to retry
+_TRANSPORT = ("failed to connect", "socket closed", "connection reset", "connection refused", "broken pipe",
+              "recvmsg", "sendmsg", "endpoint closing")
+
+
+def broken_transport(details: str | None) -> bool:
+    """Whether an UNAVAILABLE's details are grpc core's own for a connection that failed or broke."""
+    return (details or "").strip().lower().startswith(_TRANSPORT)
 
 
 def grpc_client(c: int, url: str, call: GrpcCall, args: argparse.Namespace, deadline: float, tally: Tally,
@@ -270,7 +279,7 @@ def grpc_client(c: int, url: str, call: GrpcCall, args: argparse.Namespace, dead
             try:
                 answer = infer(call.wires[n], timeout=args.request_timeout_s)
             except grpc.RpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and "connect" not in (exc.details() or ""):
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and not broken_transport(exc.details()):
                     mine.rejected += 1
                     time.sleep(args.retry_cap_s)
                     continue

@@ -129,3 +129,16 @@ def test_the_grpc_load_client_sends_what_the_service_reads_and_checks_its_answer
     assert call.correct(infer_response(info, request.id, expected).SerializeToString(), 0)
     assert not call.correct(infer_response(info, request.id, expected + 0.01).SerializeToString(), 0)
     assert not call.correct(b"not an answer", 0)
+
+
+def test_the_grpc_load_client_retries_the_services_unavailable_and_loses_a_broken_connection() -> None:
+    """The service's UNAVAILABLE (draining, a full queue, no replica answered) is retried like a 503; grpc
+    core's own (the connection failed or broke) is a lost request, like HTTP's broken connection."""
+    from bench.serve_load import broken_transport
+
+    for mine in ("the service is shutting down", "no replica answered after 3 attempts (last: ConnectionError: "
+                 "Connection reset by peer); retry", "", None):
+        assert not broken_transport(mine)
+    for core in ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused",
+                 "Socket closed", "recvmsg:Connection reset by peer", "Connection reset by peer"):
+        assert broken_transport(core)
