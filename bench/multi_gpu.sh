@@ -11,7 +11,7 @@
 # peer, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
 # stream: a fifo config over every GPU (units of 4 batches, BACKENDS: inductor cudagraphs) through
 # bench.runtime_load in a fresh process each (IMAGES, default 30000): run, float32 stream, pixels stream, and
-# each lane's images and busy time (no wheels needed).
+# each lane's images and busy time (no wheels needed; STACKS=1: every thread's stacks sampled, printed).
 # serve: that config (CONFIG) behind `autohet serve` at saturation against its offline stream, then a GPU
 # replica killed mid-load (FAULT=0: not).
 # Logs and JSON go to $OUT.
@@ -55,8 +55,8 @@ write_config(RunConfig(ModelSpec("resnet18"), PoolSpec("gpus", gpus), "fifo", {"
 EOF
       log "autohet.load of fifo over $n GPUs ($b), a fresh process: its run, its streams, each lane"
       t timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/fifo${n}_$b.yaml" \
-        --images ${IMAGES:-30000} --out "$W/stream_$b.json" > "$W/stream_$b.log" 2>&1
-      grep -v -i warn "$W/stream_$b.log" | tail -8
+        --images ${IMAGES:-30000} ${STACKS:+--stacks} --out "$W/stream_$b.json" > "$W/stream_$b.log" 2>&1
+      grep -v -i warn "$W/stream_$b.log" | tail -n ${STREAM_LINES:-8}
     done ;;
   models)
     log "${MODELS:-vgg16,efficientnet_b0}: autohet on 1 and on every GPU (CUDA graphs)"

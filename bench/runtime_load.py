@@ -50,16 +50,18 @@ def measured_run(config: Any, images: int) -> float:
     return m.throughput_ips
 
 
-def streamed(path: str, images: int, batch: int | None, window: int | None = None) -> tuple[float, dict[str, Any]]:
+def streamed(path: str, images: int, batch: int | None, window: int | None = None,
+             stacks: bool = False) -> tuple[float, dict[str, Any]]:
     """img/s of ``images`` synthetic images through ``autohet.load``'s ``map`` (``stream_ips``), in
-    batches of ``batch`` (default: the executors' largest batch)."""
+    batches of ``batch`` (default: the executors' largest batch). ``stacks``: every thread's stacks
+    sampled during each steady stream, printed."""
     import autohet
 
     with autohet.load(path, window=window) as runner:
         size = batch or max(e.batch for e in runner.config.pool.executors)
-        steady, cold = stream_ips(runner, images, size)
+        steady, cold = stream_ips(runner, images, size, stacks=stacks)
         executors = _executor_shares(runner)
-        pixels, pixels_cold = stream_ips(runner, images, size, pixels=True)
+        pixels, pixels_cold = stream_ips(runner, images, size, pixels=True, stacks=stacks)
         return steady, {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
                         "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
                         "served": runner.describe()["served"], "executors": executors}
@@ -76,7 +78,7 @@ def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def stream_ips(runner: Any, images: int, size: int, pixels: bool = False) -> tuple[float, float]:
+def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks: bool = False) -> tuple[float, float]:
     """img/s of ``images`` synthetic images through a loaded runner's ``map`` in batches of ``size``,
     after a warm-up pass of as many (a runner's first stream pays once what a long-running one does
     not: the first window is the checked call, a GPU's two pinned staging buffers of a gigabyte are
@@ -94,11 +96,19 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False) -> tup
     def batches(n: int) -> Any:
         return (bank[starts[k % len(starts)]:][: min(size, n - s)] for k, s in enumerate(range(0, n, size)))
 
+    from contextlib import nullcontext
+
+    from bench._stacks import StackSampler
+
     rates = []
-    for _ in range(2):
-        start = time.perf_counter()
-        done = sum(len(out) for out in runner.map(batches(images)))
-        rates.append(done / (time.perf_counter() - start))
+    for steady in (False, True):
+        with StackSampler() if stacks and steady else nullcontext() as sampler:
+            start = time.perf_counter()
+            done = sum(len(out) for out in runner.map(batches(images)))
+            rates.append(done / (time.perf_counter() - start))
+        if sampler is not None:
+            print(f"{'pixels' if pixels else 'float32'} stream, {rates[1]:.0f} img/s:", flush=True)
+            print("\n".join(sampler.report()), flush=True)
     return rates[1], rates[0]
 
 
@@ -148,6 +158,8 @@ def main() -> None:
     parser.add_argument("--jpegs", type=int, default=0, help="also run this many synthetic JPEGs through run --input")
     parser.add_argument("--jpeg-size", type=int, default=500, help="JPEG width in pixels (height 3/4 of it)")
     parser.add_argument("--smoke", action="store_true", help="lenet on actors/cpu2.yaml, 2000 images, 40 JPEGs")
+    parser.add_argument("--stacks", action="store_true", help="sample every thread's stacks in the steady streams "
+                        "and print where each thread group spends its time")
     parser.add_argument("--out", help="write the rows as JSON")
     args = parser.parse_args()
     from autohet.config import load_config
@@ -162,7 +174,7 @@ def main() -> None:
         rounds = []  # by turns: the run, then the stream, ``--rounds`` times (a box whose speed drifts)
         for _ in range(max(1, args.rounds)):
             run_ips = float("nan") if args.no_run else measured_run(config, images)
-            load_ips, how = streamed(path, images, args.batch, args.window)
+            load_ips, how = streamed(path, images, args.batch, args.window, args.stacks)
             rounds.append((run_ips, load_ips, how))
         ratios = sorted(range(len(rounds)), key=lambda k: rounds[k][1] / rounds[k][0])
         run_ips, load_ips, how = rounds[ratios[len(ratios) // 2]]  # the round of the median stream/run ratio
@@ -178,7 +190,9 @@ def main() -> None:
                 f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}" for x in row["rounds"]), flush=True)
         for name, figures in how["executors"].items():
             print(f"stream: {name} ran {figures['images']} images in {figures['pieces']} pieces, busy "
-                  f"{figures['busy_s']:.2f} s ({figures['busy_ips']:.1f} img/s while busy)", flush=True)
+                  f"{figures['busy_s']:.2f} s ({figures['busy_ips']:.1f} img/s while busy); staging "
+                  f"{figures['stage_s']:.2f} s, starting {figures['launch_s']:.2f} s, on the device "
+                  f"{figures['device_s']:.2f} s", flush=True)
         tuned = config.measured.get("throughput_ips")
         if tuned:  # the tune's own figure for this config (its trial), as the issue compares
             row.update(tune_ips=tuned, load_over_tune=load_ips / tuned, pixels_over_tune=row["pixels_ips"] / tuned)

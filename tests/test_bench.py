@@ -142,3 +142,31 @@ def test_the_grpc_load_client_retries_the_services_unavailable_and_loses_a_broke
     for core in ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Connection refused",
                  "Socket closed", "recvmsg:Connection reset by peer", "Connection reset by peer"):
         assert broken_transport(core)
+
+
+def test_the_stack_sampler_names_where_each_thread_waits() -> None:
+    """``bench/_stacks.py`` (``runtime_load --stacks``): a thread parked in a known function shows under
+    its group (a pool's numbered threads as one), with that function among its stacks and its cores."""
+    import threading
+    import time
+
+    from bench._stacks import StackSampler
+
+    stop = threading.Event()
+
+    def _parked_in_the_probe() -> None:
+        stop.wait(10)
+
+    threads = [threading.Thread(target=_parked_in_the_probe, name=f"probe-{k}") for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with StackSampler(interval_s=0.002) as sampler:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert sampler.samples > 0 and sum(sampler.counts["probe"].values()) == 2 * sampler.samples
+    report = "\n".join(sampler.report())
+    assert "  probe: " in report and "_parked_in_the_probe" in report and "cores " in report

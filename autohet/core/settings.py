@@ -16,7 +16,7 @@ __all__ = [
     "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
     "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "OBJECT_STORE_BYTES", "PIECES_AHEAD",
     "PIPELINE_DEPTH", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "RETRIES", "RETRY_DELAY_S",
-    "SPEED_PIECES", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
+    "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
 ]
 
 # --- measurement ------------------------------------------------------------------------------------------
@@ -98,6 +98,11 @@ WINDOW_BYTES = 1 << 30
 
 SPEED_PIECES = 8
 """A stream lane's speed: its images over its busy seconds in its last this many pieces."""
+
+STALE_WINDOWS = 8
+"""A stream lane left out of this many windows in a row (nothing queued) drops its measured speed for the
+call's, once; each time again it waits twice as many: a lane priced out by a stall runs again, a slow one
+is seldom tried."""
 
 PIECES_AHEAD = 2
 """Pieces a stream lane holds staged or running (a GPU stages by turns into two pinned buffers)."""

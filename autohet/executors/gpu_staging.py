@@ -86,18 +86,24 @@ class PinnedStaging:
                             "pass float32 model inputs")
         return torch.uint8
 
-    # a stream's calls, staged by turns into two pinned buffers: the next call's while the current one runs
-    _turns: list[torch.Tensor | None] | None = None
+    # a stream's calls, staged by turns into two pinned buffers per dtype: the next call's while the current
+    # one runs. Sized once to the largest call seen or announced (``rows``) and kept: a fresh pinned buffer is
+    # a cudaHostAlloc of hundreds of megabytes, which holds its CUDA context's lock while it pins the pages,
+    # so every launch on that GPU waits (the four-GPU stream of docs/why.md, executors/gpu_staging.py)
+    _turns: dict[torch.dtype, list[torch.Tensor | None]] | None = None
     _turn = 0
+    device: Any = None
 
-    def stage(self, parts: list[np.ndarray]) -> torch.Tensor | _InPlaceParts:
+    def stage(self, parts: list[np.ndarray], rows: int = 0) -> torch.Tensor | _InPlaceParts:
         """The parts copied straight into the next of two pinned buffers in the compute dtype (no join,
         one host copy, on several threads); the other buffer may be in use by the current call's units.
-        Parts already page-locked and in that dtype are left where they are (no copy)."""
+        Parts already page-locked and in that dtype are left where they are (no copy). ``rows``: the
+        largest call the caller will stage, so the buffers are allocated once at that size."""
         import warnings
 
         from autohet.platform.host_copy import copy_parts
 
+        self._own_device()
         total = sum(len(p) for p in parts)
         dtype = self._staged_dtype(parts[0])
         with warnings.catch_warnings():
@@ -106,15 +112,31 @@ class PinnedStaging:
         if all(t.dtype == dtype and t.is_contiguous() and t.is_pinned() for t in tensors):
             return _InPlaceParts(tensors)
         if self._turns is None:
-            self._turns = [None, None]
+            self._turns = {}
+        turns = self._turns.setdefault(dtype, [None, None])
         self._turn ^= 1
-        buffer = self._turns[self._turn]
-        if buffer is None or buffer.dtype != dtype or buffer.shape[1:] != parts[0].shape[1:] \
-                or buffer.shape[0] < total:
-            buffer = self._turns[self._turn] = torch.empty((total, *parts[0].shape[1:]), dtype=dtype,
-                                                           pin_memory=True)
+        buffer = turns[self._turn]
+        if buffer is None or buffer.shape[1:] != parts[0].shape[1:] or buffer.shape[0] < total:
+            # both turns at once, so that only a stream's first call pays the allocation; the old ones go
+            # back to torch's pinned cache first. The other turn may still be read by a queued call: it
+            # keeps its memory alive until its copies are done (torch's pinned cache records them)
+            size = (max(total, rows), *parts[0].shape[1:])
+            turns[:] = [None, None]
+            turns[:] = [torch.empty(size, dtype=dtype, pin_memory=True) for _ in range(2)]
+            buffer = turns[self._turn]
         copy_parts(buffer[:total], tensors)
         return buffer[:total]
+
+    def stage_piece(self, parts: list[np.ndarray]) -> torch.Tensor | _InPlaceParts:
+        """A stream lane's piece: staged as ``stage`` does, its buffers sized to the largest piece (a unit)."""
+        return self.stage(parts, self.spec.max_unit_images)
+
+    def _own_device(self) -> None:
+        """Makes this executor's GPU the calling thread's current device (a lane's feeder starts on GPU 0):
+        torch allocates pinned memory and asks whether memory is pinned through the current device's
+        context, so every lane's feeder went through GPU 0's."""
+        if self.device is not None and torch.cuda.current_device() != self.device.index:
+            torch.cuda.set_device(self.device)
 
     def use_staged(self, staged: torch.Tensor | _InPlaceParts) -> None:
         self.workload = Workload(staged, int(staged.shape[0]))  # units read ``bank``; the workload counts rows

@@ -7,9 +7,10 @@ batches, so that every executor ends its queue at the same time (``even_finish_s
 speed, measured on its pieces so far, and the work it has queued), in pieces of at most a unit each, and
 each executor runs its pieces back to back: its own feeder thread stages the next piece while the current
 one runs, an asynchronous executor (a GPU) queues it before the current one is collected. No executor waits
-for another at a window's end, and the speeds carry from window to window. A window's outputs come back, in
-order, once every lane has run its pieces of it. A piece whose executor fails is staged again on the
-fastest live lane.
+for another at a window's end, and the speeds carry from window to window (a stream's first piece on a lane
+is no sample; a lane priced out of ``STALE_WINDOWS`` windows is given the call's speed again, ever more
+seldom). A window's outputs come back, in order, once every lane has run its pieces of it. A piece whose
+executor fails is staged again on the fastest live lane.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from autohet.core.errors import UserError
-from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, WINDOWS_AHEAD
+from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, STALE_WINDOWS, WINDOWS_AHEAD
 from autohet.planners.shares import even_finish_shares
 
 __all__ = ["LaneStats", "Lanes", "slice_parts", "whole_batch_shares"]
@@ -59,12 +60,17 @@ def whole_batch_shares(shares: list[float], batches: list[int], total: int) -> l
 
 @dataclass
 class LaneStats:
-    """One lane's part of a stream: its images and busy seconds (from a piece's start, or the end of the
-    piece before it, to its collection), so a loss shows where it sits."""
+    """One lane's part of a stream, so a loss shows where it sits: its images; busy seconds (from a
+    piece's start, or the end of the piece before it, to its collection); the seconds its feeder spent
+    staging, its worker starting pieces, and the executor's own seconds on them (a GPU's events), and
+    the seconds from a piece's end on the device to its collection."""
 
     images: int = 0
     busy_s: float = 0.0
     pieces: int = 0
+    stage_s: float = 0.0
+    launch_s: float = 0.0
+    device_s: float = 0.0
 
 
 @dataclass
@@ -93,6 +99,8 @@ class _Lane:
         self.recent: deque[tuple[int, float]] = deque(maxlen=SPEED_PIECES)
         self.prior = speed
         self.stats = LaneStats()
+        self.left_out = 0  # windows in a row it got no piece of, with nothing queued
+        self.retries = 0  # its measured speed dropped for the call's this many times (``STALE_WINDOWS``)
 
     @property
     def speed(self) -> float | None:
@@ -147,6 +155,8 @@ class Lanes:
         order: deque[_Window] = deque()
         self._stop.clear()
         self._error = None
+        for lane in self.lanes:  # each stream's own figures (the speeds carry over)
+            lane.stats = LaneStats()
         splitter = threading.Thread(target=self._split_all, args=(iter(windows), order), daemon=True,
                                     name="autohet-stage-lanes")
         splitter.start()
@@ -207,6 +217,12 @@ class Lanes:
             shares = even_finish_shares(window.images, speeds, backlog, self.alive)
         assert shares is not None
         counts = whole_batch_shares(shares, [lane.executor.spec.batch for lane in self.lanes], window.images)
+        with self._changed:
+            for lane, count in zip(self.lanes, counts, strict=True):
+                lane.left_out = lane.left_out + 1 if count == 0 and lane.queued == 0 else 0
+                if lane.left_out >= STALE_WINDOWS << lane.retries:  # its speed may be a stall's: the call's again
+                    lane.recent.clear()
+                    lane.left_out, lane.retries = 0, lane.retries + 1
         pieces, start = [], 0
         for lane, count in zip(self.lanes, counts, strict=True):
             size = lane.executor.spec.max_unit_images  # a unit a piece: a lane runs one while the next stages
@@ -236,6 +252,7 @@ class Lanes:
             return self._failed(lane, piece, exc)
         with self._changed:
             self.stage_s += time.perf_counter() - t0
+            lane.stats.stage_s += time.perf_counter() - t0
         lane.worker.submit(lambda: self._launch(piece, staged))
         return None
 
@@ -247,18 +264,20 @@ class Lanes:
             handle = lane.executor.launch_staged(staged, piece.start, piece.count)
         except Exception as exc:  # noqa: BLE001
             return self._done(piece, None, started, exc)
+        launched = time.perf_counter() - started
 
         def collect() -> None:
             try:
                 result = lane.executor.collect(handle)
             except Exception as exc:  # noqa: BLE001
                 return self._done(piece, None, started, exc)
-            return self._done(piece, result.outputs, started, None)
+            return self._done(piece, result.outputs, started, None, launched, result.compute_s)
 
         lane.collector.submit(collect)
         return None
 
-    def _done(self, piece: _Piece, outputs: np.ndarray | None, started: float, error: Exception | None) -> None:
+    def _done(self, piece: _Piece, outputs: np.ndarray | None, started: float, error: Exception | None,
+              launch_s: float = 0.0, device_s: float = 0.0) -> None:
         lane, now = piece.lane, time.perf_counter()
         lane.slots.release()
         if error is not None or outputs is None:
@@ -268,10 +287,13 @@ class Lanes:
             lane.queued -= piece.count
             busy = now - max(started, lane.free_at)
             lane.free_at = now
-            lane.recent.append((piece.count, busy))
+            if lane.stats.pieces:  # a stream's first piece pays what the stream meets once (buffers, warm-up)
+                lane.recent.append((piece.count, busy))
             lane.stats.images += piece.count
             lane.stats.busy_s += busy
             lane.stats.pieces += 1
+            lane.stats.launch_s += launch_s
+            lane.stats.device_s += device_s
             self.classes = int(outputs.shape[1]) if outputs.ndim > 1 else 0
             if window.outputs is None:
                 window.outputs = np.empty((window.images, *outputs.shape[1:]), dtype=np.float32)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -108,8 +109,7 @@ class DataParallelServed(Served):
                 yield outputs
         finally:
             stats.stage_s += lanes.stage_s - staged
-            stats.executors = {name: {"images": s.images, "busy_s": s.busy_s, "pieces": s.pieces}
-                               for name, s in lanes.stats().items()}
+            stats.executors = {name: asdict(s) for name, s in lanes.stats().items()}
             self.deaths += lanes.deaths[seen:]
             self.alive = lanes.alive
 
