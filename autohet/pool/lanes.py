@@ -62,8 +62,8 @@ def whole_batch_shares(shares: list[float], batches: list[int], total: int) -> l
 class LaneStats:
     """One lane's part of a stream, so a loss shows where it sits: its images; busy seconds (from a
     piece's start, or the end of the piece before it, to its collection); the seconds its feeder spent
-    staging, its worker starting pieces, and the executor's own seconds on them (a GPU's events), and
-    the seconds from a piece's end on the device to its collection."""
+    staging, its worker starting pieces, and the executor's own seconds on them (a GPU's events).
+    Counted afresh for each stream."""
 
     images: int = 0
     busy_s: float = 0.0
