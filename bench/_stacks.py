@@ -26,6 +26,11 @@ def _where(frame: FrameType | None, depth: int) -> str:
     return " < ".join(out)
 
 
+def _group(name: str) -> str:
+    """A thread's group: its name without a pool's trailing number (``autohet-copy_3``: ``autohet-copy``)."""
+    return re.sub(r"[_-]\d+$", "", name)
+
+
 def _allowed(native_id: int | None) -> str:
     """The cores a thread may run on (Linux), as the kernel lists them."""
     try:
@@ -50,9 +55,9 @@ class StackSampler:
     def _loop(self) -> None:
         me = threading.get_ident()
         for t in threading.enumerate():
-            self.cores[re.sub(r"[_-]\d+$", "", t.name)].add(_allowed(t.native_id))
+            self.cores[_group(t.name)].add(_allowed(t.native_id))
         while not self._stop.wait(self.interval_s):
-            names = {t.ident: re.sub(r"[_-]\d+$", "", t.name) for t in threading.enumerate()}
+            names = {t.ident: _group(t.name) for t in threading.enumerate()}
             for ident, frame in sys._current_frames().items():
                 if ident != me:
                     self.counts[names.get(ident, "?")][_where(frame, self.depth)] += 1

@@ -250,9 +250,10 @@ class Lanes:
         except Exception as exc:  # noqa: BLE001 - a failed staging is the lane's failure
             lane.slots.release()
             return self._failed(lane, piece, exc)
+        staging = time.perf_counter() - t0
         with self._changed:
-            self.stage_s += time.perf_counter() - t0
-            lane.stats.stage_s += time.perf_counter() - t0
+            self.stage_s += staging
+            lane.stats.stage_s += staging
         lane.worker.submit(lambda: self._launch(piece, staged))
         return None
 
