@@ -26,7 +26,8 @@ RAY_SLOW = [pytest.mark.ray, pytest.mark.slow]  # they start Ray in their subpro
                                    pytest.param("serve_load", marks=RAY_SLOW),
                                    pytest.param("runtime_load", marks=pytest.mark.slow),  # no Ray, ~8 s
                                    pytest.param("http_ceiling", marks=pytest.mark.slow),  # no Ray, ~5 s
-                                   pytest.param("multi_gpu", marks=pytest.mark.slow)])  # no Ray, ~15 s
+                                   pytest.param("multi_gpu", marks=pytest.mark.slow),  # no Ray, ~15 s
+                                   pytest.param("lane_trace", marks=pytest.mark.slow)])  # no Ray, ~5 s
 def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path) -> None:
     out = tmp_path / f"{bench}.json"
     proc = subprocess.run([sys.executable, "-m", f"bench.{bench}", "--smoke", "--out", str(out)], cwd=REPO,
@@ -66,6 +67,10 @@ def test_bench_smoke_prints_its_table_and_writes_json(bench: str, tmp_path: Path
         phases = row["phases"]  # the answers' Server-Timing, and the clients' round trip less it
         assert {"body", "parse", "queue", "stream", "to_replica", "from_replica", "encode", "outside"} <= set(phases)
         assert all(v["p50_ms"] >= 0 for k, v in phases.items() if k != "outside"), phases
+    if bench == "lane_trace":  # every piece of two float32 and two pixels streams over the two lanes
+        assert [r["images"] for r in rows] == [600] * 4 and rows[1]["pieces"] > 0, rows
+        assert set(rows[1]["lanes"]) == {"cpu0", "cpu1"} and sum(e["images"] for e in rows[1]["lanes"].values()) == 600
+        assert "   split " in proc.stdout and "   done " in proc.stdout
     if bench == "http_ceiling":  # bodies carried and answered by the ingress's HTTP server alone
         row = rows[0]
         assert row["req_s"] > 0 and row["body_mb_s"] > 0 and row["server_cores"] > 0, row

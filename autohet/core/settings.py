@@ -100,9 +100,10 @@ SPEED_PIECES = 8
 """A stream lane's speed: its images over its busy seconds in its last this many pieces."""
 
 STALE_WINDOWS = 8
-"""A stream lane left out of this many windows in a row (nothing queued) drops its measured speed for the
-call's, once; each time again it waits twice as many: a lane priced out by a stall runs again, a slow one
-is seldom tried."""
+"""A stream lane left out of this many windows in a row (nothing queued) is given one batch, whose speed
+replaces its measured one; each time again it waits twice as many: a lane priced out by a stall runs
+again, a slow one is seldom tried. (Given the call's speed instead, a CPU group beside a GPU took pieces
+the call's figure overrated, and the windows they held open starved the GPU: BENCHMARKS.md 37.)"""
 
 PIECES_AHEAD = 2
 """Pieces a stream lane holds staged or running (a GPU stages by turns into two pinned buffers)."""
@@ -161,6 +162,8 @@ ENV: dict[str, EnvVar] = {v.name: v for v in (
                                      "work feeding the other devices (0: unchanged; an A/B switch)"),
     EnvVar("AUTOHET_COPY_THREADS", None, "threads of the large host copies (staging a stream's window; default: the "
                                          "process's cores, at most 16)"),
+    EnvVar("AUTOHET_PIECE_RAMP", "1", "0: a stream lane's pieces are a unit from its first, not a batch doubled up "
+                                      "to a unit (an A/B switch)"),
     EnvVar("AUTOHET_BIND_TEAMS", None, "1: bind each thread of a CPU group's OpenMP team to one core (an A/B switch)"),
     EnvVar("AUTOHET_DEBUG", None, "1: a command's error shows its traceback"),
     EnvVar("AUTOHET_STACK_DUMP_S", None, "seconds after which a command still running prints every thread's stack"),

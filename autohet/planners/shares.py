@@ -2,14 +2,16 @@
 
 ``split_by_weights`` shares a count in proportion to weights (the schedulers' rule); ``even_finish_shares``
 shares it so that every executor, given its speed and the work it has queued, ends at the same time (the
-driver's cap on units, and a stream's split over its lanes: ``autohet.pool.lanes``).
+driver's cap on units, and a stream's split over its lanes: ``autohet.pool.lanes``); ``whole_batch_shares``
+rounds such shares to whole batches without making anyone finish later than it must;
+``batch_outlasts_window`` names the executors too slow to take any.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["even_finish_shares", "split_by_weights"]
+__all__ = ["batch_outlasts_window", "even_finish_shares", "split_by_weights", "whole_batch_shares"]
 
 
 def split_by_weights(total: int, weights: list[float]) -> list[int]:
@@ -48,3 +50,38 @@ def even_finish_shares(remaining: int, speeds: list[float | None], backlog_s: li
             break
     return [speeds[i] * max(0.0, finish - backlog_s[i]) if alive[i] else 0.0  # type: ignore[operator]
             for i in range(len(alive))]
+
+
+def whole_batch_shares(shares: list[float], batches: list[int], total: int, speeds: list[float | None],
+                       backlog_s: list[float]) -> list[int]:
+    """``shares`` (images each, summing to ``total``) rounded to whole batches of each executor: each
+    gets its share's whole batches, then the images left go a batch at a time to whoever would finish
+    its queue earliest with it (its backlog, then its images at its speed); only the last of them may be
+    a partial batch. Given by deficit instead, a slow executor's one batch outlasted a fast one's whole
+    window: a 15-core CPU group's 16 images took 0.1 s beside a GPU's 0.04 s window (docs/why.md,
+    pool/lanes.py)."""
+    out = [int(math.floor(s / b)) * b if s > 0 else 0 for s, b in zip(shares, batches, strict=True)]
+    left = total - sum(out)
+    while left > 0:
+        takes = [min(b, left) for b in batches]
+        finish = [backlog_s[k] + (out[k] + takes[k]) / speed if speed and speed > 0 else math.inf
+                  for k, speed in enumerate(speeds)]
+        i = min(range(len(out)), key=lambda k: (finish[k], k))
+        out[i] += takes[i]
+        left -= takes[i]
+    return out
+
+
+def batch_outlasts_window(images: int, speeds: list[float | None], batches: list[int]) -> list[bool]:
+    """For each executor (None: dead), whether one batch of it lasts longer than the others' run of all
+    ``images`` together; never the fastest. Such a batch holds its window open while the others run
+    ahead, and gains less than the stalls it costs: a 15-core CPU group's 16 images took 0.1-0.2 s beside
+    a GPU's 0.04 s windows, and streams where it took a batch ran at 0.71-0.80 of the GPU's run, 0.94 where
+    it took none (BENCHMARKS.md 37)."""
+    live = [v for v in speeds if v]
+    fastest = max(live, default=0.0)
+    out = []
+    for speed, batch in zip(speeds, batches, strict=True):
+        others = sum(live) - (speed or 0.0)
+        out.append(bool(speed) and speed < fastest and others > 0 and batch / speed > images / others)
+    return out

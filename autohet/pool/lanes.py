@@ -4,13 +4,15 @@ Run window by window through the tuned scheduler, a stream of a GPU beside a CPU
 tuned run (docs/why.md, pool/lanes.py): each window started the scheduler (its probes) again and ended on a
 barrier where the GPU waited for the CPU group's last unit. Here a window's images are split once, in whole
 batches, so that every executor ends its queue at the same time (``even_finish_shares`` over each lane's
-speed, measured on its pieces so far, and the work it has queued), in pieces of at most a unit each, and
-each executor runs its pieces back to back: its own feeder thread stages the next piece while the current
-one runs, an asynchronous executor (a GPU) queues it before the current one is collected. No executor waits
-for another at a window's end, and the speeds carry from window to window (a stream's first piece on a lane
-is no sample; a lane priced out of ``STALE_WINDOWS`` windows is given the call's speed again, ever more
-seldom). A window's outputs come back, in order, once every lane has run its pieces of it. A piece whose
-executor fails is staged again on the fastest live lane.
+speed, measured on its pieces so far, and the work it has queued; a lane whose one batch outlasts the
+others' run of the window takes none of it), in pieces of at most a unit each (a stream's first pieces
+from one batch up), and each executor runs its pieces back to back: its own feeder thread stages the next
+piece while the current one runs, an asynchronous executor (a GPU) queues it before the current one is
+collected. No executor waits for another at a window's end, and the speeds carry from window to window (a
+stream's first piece on a lane is no sample; a lane priced out of ``STALE_WINDOWS`` windows is given one
+batch, its speed measured again, ever more seldom). A lane that runs dry takes the last waiting piece of a
+lane that would finish it later. A window's outputs come back, in order, once every lane has run its pieces
+of it. A piece whose executor fails is staged again on the fastest live lane.
 """
 
 from __future__ import annotations
@@ -26,11 +28,10 @@ from typing import Any
 import numpy as np
 
 from autohet.core.errors import UserError
-from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, STALE_WINDOWS, WINDOWS_AHEAD
-from autohet.planners.shares import even_finish_shares
+from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, STALE_WINDOWS, WINDOWS_AHEAD, env
+from autohet.planners.shares import batch_outlasts_window, even_finish_shares, whole_batch_shares
 
-__all__ = ["LaneStats", "Lanes", "slice_parts", "whole_batch_shares"]
-
+__all__ = ["LaneStats", "Lanes", "slice_parts"]
 
 
 def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndarray]:
@@ -44,26 +45,23 @@ def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndar
     return out
 
 
-def whole_batch_shares(shares: list[float], batches: list[int], total: int) -> list[int]:
-    """``shares`` (images each, summing to ``total``) rounded to whole batches of each executor: each
-    gets its share's whole batches, then the images left go a batch at a time to whoever lacks most of
-    its share; only the last of them may be a partial batch."""
-    out = [int(math.floor(s / b)) * b if s > 0 else 0 for s, b in zip(shares, batches, strict=True)]
-    left = total - sum(out)
-    while left > 0:
-        i = max(range(len(out)), key=lambda k: (shares[k] - out[k]) / batches[k])
-        take = min(batches[i], left)
-        out[i] += take
-        left -= take
-    return out
+def _piece_size(left: int, most: int, batch: int) -> int:
+    """The next piece of a lane's ``left`` images: all of them within ``most``, else whole batches, as
+    many as the pieces ``left`` needs share evenly. Cut a unit at a time, a window's last piece was often
+    a batch, and the unit after it waited for that batch's staging slot (docs/why.md, pool/lanes.py)."""
+    if left <= most:
+        return left
+    pieces, batches = math.ceil(left / most), math.ceil(left / batch)
+    return min(left, math.ceil(batches / pieces) * batch)
 
 
 @dataclass
 class LaneStats:
     """One lane's part of a stream, so a loss shows where it sits: its images; busy seconds (from a
     piece's start, or the end of the piece before it, to its collection); the seconds its feeder spent
-    staging, its worker starting pieces, and the executor's own seconds on them (a GPU's events).
-    Counted afresh for each stream."""
+    staging, its worker starting pieces, and the executor's own seconds on them (a GPU's events); when,
+    in seconds from the stream's start, its first piece started and its last was collected (a late
+    start, a tail). Counted afresh for each stream."""
 
     images: int = 0
     busy_s: float = 0.0
@@ -71,6 +69,8 @@ class LaneStats:
     stage_s: float = 0.0
     launch_s: float = 0.0
     device_s: float = 0.0
+    first_start_s: float | None = None
+    last_end_s: float | None = None
 
 
 @dataclass
@@ -92,15 +92,24 @@ class _Lane:
         self.executor, self.worker = executor, worker
         name = executor.spec.name
         self.feeder, self.collector = Worker(f"{name}-feed"), Worker(f"{name}-collect")
-        self.slots = threading.Semaphore(PIECES_AHEAD)
+        # pieces it holds staged or running: an asynchronous executor queues the next before the current
+        # one is collected; a synchronous one stages in no time, so one more held would only be a piece no
+        # idle lane could take from it
+        self.depth = PIECES_AHEAD if executor.launches_async else 1
+        self.slots = threading.Semaphore(self.depth)
         self.queued = 0  # images assigned and not yet collected
         self.alive = alive
         self.free_at = 0.0  # when its last piece was collected
+        self.started: deque[float] = deque()  # when each piece started and not yet collected was started
+        self.waiting: deque[_Piece] = deque()  # pieces handed to its feeder whose staging has not begun
+        # its next piece's most images: a batch at a stream's start, doubled each piece up to a unit, so
+        # that the device starts after a batch's staging, not a unit's
+        self.next_piece = executor.spec.max_unit_images
         self.recent: deque[tuple[int, float]] = deque(maxlen=SPEED_PIECES)
         self.prior = speed
         self.stats = LaneStats()
         self.left_out = 0  # windows in a row it got no piece of, with nothing queued
-        self.retries = 0  # its measured speed dropped for the call's this many times (``STALE_WINDOWS``)
+        self.retries = 0  # the probes it was given (``STALE_WINDOWS``)
 
     @property
     def speed(self) -> float | None:
@@ -108,12 +117,31 @@ class _Lane:
         seconds = sum(s for _, s in self.recent)
         return images / seconds if seconds > 0 else self.prior
 
+    def most(self, left: int) -> int:
+        """Its next piece's most images, of ``left`` still to cut: ``next_piece``, and for a synchronous
+        executor at most half of what is left (at least a batch), so that its last pieces are small
+        enough for an idle lane to take (``Lanes._steal``); cut even, a 2-core box's CPU group ran the
+        last 128 images of a window alone for 1.1 s while the other stood idle (docs/why.md,
+        pool/lanes.py)."""
+        if self.executor.launches_async:
+            return self.next_piece
+        batch = self.executor.spec.batch
+        return min(self.next_piece, max(batch, math.ceil(left / 2 / batch) * batch))
+
+    def backlog_s(self, speed: float | None, now: float) -> float:
+        """Seconds of work it has queued, less what its running piece has done: counted whole, a piece
+        near its end made a slow lane's next batch look as if it would end before this lane's queue."""
+        if not speed:
+            return 0.0
+        running = now - max(self.started[0], self.free_at) if self.started else 0.0
+        return max(0.0, self.queued / speed - running)
+
     def close(self) -> None:
         self.feeder.close(wait_s=2.0)
         self.collector.close(wait_s=2.0)
 
 
-@dataclass
+@dataclass(eq=False)  # a piece is itself: found by identity in a lane's waiting queue
 class _Piece:
     """Images [start, start + count) of a window, for one lane."""
 
@@ -121,6 +149,7 @@ class _Piece:
     start: int
     count: int
     lane: _Lane
+    probe: bool = False  # a batch given to measure a lane left out on its speed: its speed from now
 
 
 class Lanes:
@@ -135,6 +164,7 @@ class Lanes:
         self._changed = threading.Condition()
         self._error: BaseException | None = None
         self._stop = threading.Event()
+        self._began = 0.0  # the current stream's start (perf_counter)
         self.stage_s = 0.0
         self.classes = 0  # the outputs' width, once a piece came back
 
@@ -155,8 +185,12 @@ class Lanes:
         order: deque[_Window] = deque()
         self._stop.clear()
         self._error = None
+        self._began = time.perf_counter()
+        ramp = env("AUTOHET_PIECE_RAMP") != "0"
         for lane in self.lanes:  # each stream's own figures (the speeds carry over)
             lane.stats = LaneStats()
+            spec = lane.executor.spec
+            lane.next_piece = spec.batch if ramp else spec.max_unit_images
         splitter = threading.Thread(target=self._split_all, args=(iter(windows), order), daemon=True,
                                     name="autohet-stage-lanes")
         splitter.start()
@@ -205,7 +239,8 @@ class Lanes:
             self._fail_stream(exc)
 
     def _split(self, window: _Window) -> list[_Piece]:
-        """The window's pieces, sized for an even finish of every live lane over the work queued."""
+        """The window's pieces, sized for an even finish of every live lane over the work queued (a lane
+        whose one batch outlasts the others' run of the window takes none: ``batch_outlasts_window``)."""
         with self._changed:
             live = [lane for lane in self.lanes if lane.alive]
             if not live:
@@ -213,27 +248,74 @@ class Lanes:
             known = [lane.speed for lane in live if lane.speed]
             fallback = sum(known) / len(known) if known else 1.0
             speeds = [(lane.speed or fallback) if lane.alive else None for lane in self.lanes]
-            backlog = [lane.queued / s if s else 0.0 for lane, s in zip(self.lanes, speeds, strict=True)]
-            shares = even_finish_shares(window.images, speeds, backlog, self.alive)
+            batches = [lane.executor.spec.batch for lane in self.lanes]
+            slow = batch_outlasts_window(window.images, speeds, batches)
+            speeds = [None if too_slow else v for v, too_slow in zip(speeds, slow, strict=True)]
+            now = time.perf_counter()
+            backlog = [lane.backlog_s(s, now) for lane, s in zip(self.lanes, speeds, strict=True)]
+            shares = even_finish_shares(window.images, speeds, backlog, [v is not None for v in speeds])
         assert shares is not None
-        counts = whole_batch_shares(shares, [lane.executor.spec.batch for lane in self.lanes], window.images)
+        counts = whole_batch_shares(shares, batches, window.images, speeds, backlog)
+        probes = set()
         with self._changed:
-            for lane, count in zip(self.lanes, counts, strict=True):
+            for k, (lane, count) in enumerate(zip(self.lanes, counts, strict=True)):
                 lane.left_out = lane.left_out + 1 if count == 0 and lane.queued == 0 else 0
-                if lane.left_out >= STALE_WINDOWS << lane.retries:  # its speed may be a stall's: the call's again
-                    lane.recent.clear()
+                if lane.alive and lane.left_out >= STALE_WINDOWS << lane.retries:  # its speed may be a stall's
+                    donor = max(range(len(counts)), key=counts.__getitem__)
+                    moved = min(lane.executor.spec.batch, counts[donor])
+                    counts[donor] -= moved
+                    counts[k] += moved
+                    probes.add(k)
                     lane.left_out, lane.retries = 0, lane.retries + 1
         pieces, start = [], 0
-        for lane, count in zip(self.lanes, counts, strict=True):
-            size = lane.executor.spec.max_unit_images  # a unit a piece: a lane runs one while the next stages
-            pieces += [_Piece(window, start + k, min(size, count - k), lane) for k in range(0, count, size)]
+        for k, (lane, count) in enumerate(zip(self.lanes, counts, strict=True)):
+            taken = 0
+            while taken < count:  # a unit a piece at most: a lane runs one while the next stages
+                size = _piece_size(count - taken, lane.most(count - taken), lane.executor.spec.batch)
+                pieces.append(_Piece(window, start + taken, size, lane, probe=k in probes))
+                taken += size
+                lane.next_piece = min(lane.executor.spec.max_unit_images, 2 * lane.next_piece)
             start += count
         return pieces
 
     def _feed(self, piece: _Piece) -> None:
         with self._changed:
             piece.lane.queued += piece.count
+            piece.lane.waiting.append(piece)
         piece.lane.feeder.submit(lambda: self._stage(piece))
+
+    def _claim(self, piece: _Piece) -> bool:
+        """Takes the piece off its lane's waiting queue (under ``_changed``): False if another lane took it."""
+        waiting = piece.lane.waiting
+        for k, other in enumerate(waiting):
+            if other is piece:
+                del waiting[k]
+                return True
+        return False
+
+    def _steal(self, thief: _Lane) -> None:
+        """A lane with nothing queued takes the last waiting piece of another lane, where it would finish it
+        before that lane would: the split's speeds are estimates, and a window's last pieces on a lane that
+        ran slower than its estimate held the stream's end while the others stood idle."""
+        with self._changed:
+            if self._stop.is_set() or not thief.alive or thief.queued:
+                return
+            now, best, gain = time.perf_counter(), None, 0.0
+            for victim in self.lanes:
+                if victim is thief or not victim.waiting:
+                    continue
+                piece = victim.waiting[-1]
+                if piece.count > thief.executor.spec.max_unit_images:
+                    continue  # past its staging buffers' size
+                mine = piece.count / (thief.speed or victim.speed or 1.0)
+                theirs = victim.backlog_s(victim.speed or thief.speed or 1.0, now)
+                if theirs - mine > gain:
+                    best, gain = victim, theirs - mine
+            if best is None:
+                return
+            piece = best.waiting.pop()
+            best.queued -= piece.count
+        self._feed(replace(piece, lane=thief, probe=False))
 
     def _stage(self, piece: _Piece) -> None:
         """On the lane's feeder: the piece staged once the lane has room, then started on its worker."""
@@ -241,9 +323,13 @@ class Lanes:
         while not lane.slots.acquire(timeout=0.05):
             if self._stop.is_set():
                 return self._unqueue(piece)
+        with self._changed:
+            if not self._claim(piece):  # another lane took it while it waited for a slot
+                lane.slots.release()
+                return None
         if self._stop.is_set() or not lane.alive:  # a dead lane's pieces run elsewhere
             lane.slots.release()
-            return self._failed(lane, piece, None) if not self._stop.is_set() else self._unqueue(piece)
+            return self._failed(lane, piece, None) if not self._stop.is_set() else self._unqueue(piece, True)
         t0 = time.perf_counter()
         try:
             staged = lane.executor.stage_piece(slice_parts(piece.window.parts, piece.start, piece.count))
@@ -261,6 +347,8 @@ class Lanes:
         """On the lane's worker: the piece started (a synchronous executor runs it here), then collected
         on the lane's collector."""
         lane, started = piece.lane, time.perf_counter()
+        with self._changed:
+            lane.started.append(started)
         try:
             handle = lane.executor.launch_staged(staged, piece.start, piece.count)
         except Exception as exc:  # noqa: BLE001
@@ -281,6 +369,8 @@ class Lanes:
               launch_s: float = 0.0, device_s: float = 0.0) -> None:
         lane, now = piece.lane, time.perf_counter()
         lane.slots.release()
+        with self._changed:
+            lane.started.popleft()
         if error is not None or outputs is None:
             return self._failed(lane, piece, error)
         window = piece.window
@@ -288,13 +378,19 @@ class Lanes:
             lane.queued -= piece.count
             busy = now - max(started, lane.free_at)
             lane.free_at = now
-            if lane.stats.pieces:  # a stream's first piece pays what the stream meets once (buffers, warm-up)
+            if piece.probe:  # the lane's old speed left it out: this is its speed now
+                lane.recent.clear()
+                lane.recent.append((piece.count, busy))
+            elif lane.stats.pieces:  # a stream's first piece pays what the stream meets once (buffers, warm-up)
                 lane.recent.append((piece.count, busy))
             lane.stats.images += piece.count
             lane.stats.busy_s += busy
             lane.stats.pieces += 1
             lane.stats.launch_s += launch_s
             lane.stats.device_s += device_s
+            if lane.stats.first_start_s is None:
+                lane.stats.first_start_s = started - self._began
+            lane.stats.last_end_s = now - self._began
             self.classes = int(outputs.shape[1]) if outputs.ndim > 1 else 0
             if window.outputs is None:
                 window.outputs = np.empty((window.images, *outputs.shape[1:]), dtype=np.float32)
@@ -303,6 +399,8 @@ class Lanes:
             window.left -= piece.count
             if window.left == 0:
                 self._finished(window)
+        if not lane.queued:
+            self._steal(lane)
         return None
 
     def _finished(self, window: _Window) -> None:
@@ -311,9 +409,10 @@ class Lanes:
             window.parts = []
             self._changed.notify_all()
 
-    def _unqueue(self, piece: _Piece) -> None:
+    def _unqueue(self, piece: _Piece, claimed: bool = False) -> None:
         with self._changed:
-            piece.lane.queued -= piece.count
+            if claimed or self._claim(piece):
+                piece.lane.queued -= piece.count
 
     def _failed(self, lane: _Lane, piece: _Piece, error: BaseException | None) -> None:
         """The lane is dead (an error running or staging a piece): the piece goes to the fastest live lane."""
@@ -341,7 +440,7 @@ class Lanes:
         place until then. A feeder's staging of a piece not yet started returns at once (``_stop``)."""
         for lane in self.lanes:
             lane.feeder.call(lambda: None)  # its queued pieces have seen the stop
-            for _ in range(PIECES_AHEAD):
+            for _ in range(lane.depth):
                 lane.slots.acquire(timeout=120)
-            for _ in range(PIECES_AHEAD):
+            for _ in range(lane.depth):
                 lane.slots.release()
