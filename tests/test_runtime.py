@@ -711,6 +711,41 @@ def test_a_lane_that_runs_dry_takes_the_waiting_pieces_of_a_lane_slower_than_its
         pool.shutdown()
 
 
+def test_a_lanes_collector_collects_a_piece_only_once_it_is_done(monkeypatch):
+    """A GPU's ``collect`` waits on a CUDA event, which spins a core while it waits (one context on a
+    many-core host): the collector polls ``ready`` and collects only a finished piece. SIMULATED
+    executors whose pieces are ready 20 ms after their launch."""
+    import time as clock
+
+    from autohet.executors.sim import SimExecutor
+
+    launched: dict[int, float] = {}
+    early: list[int] = []
+    real_launch, real_collect = SimExecutor.launch_staged, SimExecutor.collect
+
+    def launch(ex, staged, start, count):
+        handle = real_launch(ex, staged, start, count)
+        launched[id(handle)] = clock.perf_counter()
+        return handle
+
+    def collect(ex, handle):
+        if clock.perf_counter() - launched[id(handle)] < 0.02:
+            early.append(id(handle))
+        return real_collect(ex, handle)
+
+    monkeypatch.setattr(SimExecutor, "launch_staged", launch)
+    monkeypatch.setattr(SimExecutor, "collect", collect)
+    monkeypatch.setattr(SimExecutor, "ready", lambda ex, handle: clock.perf_counter() - launched[id(handle)] >= 0.02,
+                        raising=False)
+    pool, lanes = _sim_lanes([4000.0, 4000.0], [4000.0, 4000.0])
+    try:
+        _windows(lanes, 2)
+        assert launched and not early, (len(launched), len(early))
+        lanes.close()
+    finally:
+        pool.shutdown()
+
+
 def test_a_lane_whose_one_batch_outlasts_the_others_window_takes_none_of_it():
     """Issue 49: a CPU group's batch (16 images at 150 img/s: 0.107 s) beside a GPU's 1792-image window
     (0.037 s) held the window open while the GPU ran ahead and waited; it takes none of such a window, but

@@ -33,6 +33,12 @@ from autohet.planners.shares import batch_outlasts_window, even_finish_shares, w
 
 __all__ = ["LaneStats", "Lanes", "slice_parts"]
 
+# A lane's collector polls a launched piece at this interval and collects it once it is done. Waited for
+# in ``collect``, a GPU's event wait spins a core for the whole piece (CUDA spins while a process has
+# fewer contexts than cores), a core the host's staging of the next pieces needs (docs/why.md,
+# pool/lanes.py); ``stream_windows`` polls too.
+READY_POLL_S = 0.0002
+
 
 def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndarray]:
     """Rows [start, start + count) of the parts taken one after another, as views."""
@@ -357,6 +363,8 @@ class Lanes:
 
         def collect() -> None:
             try:
+                while not lane.executor.ready(handle):  # see READY_POLL_S
+                    time.sleep(READY_POLL_S)
                 result = lane.executor.collect(handle)
             except Exception as exc:  # noqa: BLE001
                 return self._done(piece, None, started, exc)
