@@ -746,6 +746,28 @@ def test_a_lanes_collector_collects_a_piece_only_once_it_is_done(monkeypatch):
         pool.shutdown()
 
 
+def test_a_piece_of_a_stream_that_ended_is_dropped_when_its_staging_comes_late():
+    """A piece taken from another lane as a stream closes may reach its feeder after the stream settled:
+    staged in the next stream, it would run there and count in that stream's figures. It is dropped.
+    SIMULATED executors."""
+    from autohet.pool.lanes import _Piece, _Window
+
+    pool, lanes = _sim_lanes([4000.0, 4000.0], [4000.0, 4000.0])
+    try:
+        _windows(lanes, 1)
+        lane, before = lanes.lanes[0], lanes.stats()["sim0"].images
+        lanes._stop.clear()  # as the next stream's start does
+        window = _Window([np.zeros((10, 1, 28, 28), np.float32)], 10, 10, lanes.streams - 1)
+        lanes._feed(_Piece(window, 0, 10, lane))
+        lane.feeder.call(lambda: None)
+        assert lane.queued == 0 and not lane.waiting and window.left == 10
+        assert lanes.stats()["sim0"].images == before
+        _windows(lanes, 1)  # the lane runs the next stream as before
+        lanes.close()
+    finally:
+        pool.shutdown()
+
+
 def test_a_lane_whose_one_batch_outlasts_the_others_window_takes_none_of_it():
     """Issue 49: a CPU group's batch (16 images at 150 img/s: 0.107 s) beside a GPU's 1792-image window
     (0.037 s) held the window open while the GPU ran ahead and waited; it takes none of such a window, but

@@ -84,6 +84,7 @@ class _Window:
     parts: list[np.ndarray]
     images: int
     left: int
+    stream: int  # the stream it belongs to (``Lanes.streams`` when it was read)
     outputs: np.ndarray | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
@@ -171,6 +172,7 @@ class Lanes:
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._began = 0.0  # the current stream's start (perf_counter)
+        self.streams = 0  # streams run so far: the current one's number
         self.stage_s = 0.0
         self.classes = 0  # the outputs' width, once a piece came back
 
@@ -189,6 +191,7 @@ class Lanes:
 
     def run(self, windows: Iterable[list[np.ndarray]]) -> Iterator[np.ndarray]:
         order: deque[_Window] = deque()
+        self.streams += 1  # first: a piece of the last stream staged late sees it ended
         self._stop.clear()
         self._error = None
         self._began = time.perf_counter()
@@ -232,7 +235,7 @@ class Lanes:
                 if self._stop.is_set() or self._error is not None:
                     return
                 images = sum(len(p) for p in parts)
-                window = _Window(parts, images, images)
+                window = _Window(parts, images, images, self.streams)
                 with self._changed:
                     order.append(window)
                 if images == 0:
@@ -333,9 +336,11 @@ class Lanes:
             if not self._claim(piece):  # another lane took it while it waited for a slot
                 lane.slots.release()
                 return None
-        if self._stop.is_set() or not lane.alive:  # a dead lane's pieces run elsewhere
+        # a piece of a stream that ended (one taken from another lane as it closed) is dropped
+        ended = self._stop.is_set() or piece.window.stream != self.streams
+        if ended or not lane.alive:  # a dead lane's pieces run elsewhere
             lane.slots.release()
-            return self._failed(lane, piece, None) if not self._stop.is_set() else self._unqueue(piece, True)
+            return self._unqueue(piece, True) if ended else self._failed(lane, piece, None)
         t0 = time.perf_counter()
         try:
             staged = lane.executor.stage_piece(slice_parts(piece.window.parts, piece.start, piece.count))
