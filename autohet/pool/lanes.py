@@ -127,9 +127,8 @@ class _Lane:
     def most(self, left: int) -> int:
         """Its next piece's most images, of ``left`` still to cut: ``next_piece``, and for a synchronous
         executor at most half of what is left (at least a batch), so that its last pieces are small
-        enough for an idle lane to take (``Lanes._steal``); cut even, a 2-core box's CPU group ran the
-        last 128 images of a window alone for 1.1 s while the other stood idle (docs/why.md,
-        pool/lanes.py)."""
+        enough for an idle lane to take (``Lanes._steal``); cut even, a 2-core box's CPU group ran a
+        window's last pieces alone for 1.1 s while the other stood idle (docs/why.md, pool/lanes.py)."""
         if self.executor.launches_async:
             return self.next_piece
         batch = self.executor.spec.batch
