@@ -2,7 +2,8 @@
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
 #   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | tune | serve | serve_v2 | phases | small | cpu_only
 # runtime: autohet.load's stream against the run it serves (hand-written configs CONFIGS, default
-# "single mixed", IMAGES each, default 20000; no Ray: fits the call that stages the first wheel part). tune_runtime: a default tune of resnet18 next to its peers
+# "single mixed", IMAGES each, default 20000; no Ray: fits the call that stages the first wheel part).
+# tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
 # 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
 # over HTTP, and a replica killed mid-load. serve_v2: the tuned config (CONFIG) at saturation through the Open

@@ -39,9 +39,9 @@ def main() -> None:
         raise SystemExit("give --config FILE or --smoke")
 
     import autohet
-    from autohet.core.workload import workload_for
     from autohet.pool import lanes as lanes_module
     from autohet.runtime import runner as runner_module
+    from bench.runtime_load import synthetic_batches
 
     log: list[tuple[Any, ...]] = []
     real_split, real_done, real_run = lanes_module.Lanes._split, lanes_module.Lanes._done, runner_module.Runner._run
@@ -71,26 +71,21 @@ def main() -> None:
     lanes_module.Lanes._split, lanes_module.Lanes._done, runner_module.Runner._run = split, done, run
     gc.callbacks.append(collection)
     with autohet.load(args.config) as runner:
-        size = args.batch
-        bank = workload_for(runner.model.name, args.images, runner.config.workload_seed).bank
-        bank = np.resize(bank, (max(len(bank), 2 * size), *bank.shape[1:]))
-        banks = [bank, np.random.default_rng(0).integers(0, 256, bank.shape, dtype=np.uint8)]
-        starts = list(range(0, len(bank) - size + 1, size))
+        sources = [synthetic_batches(runner, args.images, args.batch, pixels) for pixels in (False, True)]
         rows = []
         for k in range(4):
-            source = banks[k // 2]
+            dtype = "uint8" if k >= 2 else "float32"
             log.clear()
             t0 = time.perf_counter()
-            n = sum(len(o) for o in runner.map(source[starts[j % len(starts)]:][: min(size, args.images - s)]
-                                               for j, s in enumerate(range(0, args.images, size))))
+            n = sum(len(o) for o in runner.map(sources[k // 2]()))
             t = time.perf_counter() - t0
-            print(f"stream {k} ({source.dtype}): {n} images in {t:.3f} s = {n / t:.0f} img/s")
+            print(f"stream {k} ({dtype}): {n} images in {t:.3f} s = {n / t:.0f} img/s")
             for kind, at, *rest in log:
                 shown = [f"{x - t0:.4f}" if kind == "done" and i == 2 else x for i, x in enumerate(rest)]
                 print(f"   {kind} {at - t0:.4f}", *shown)
             lanes = runner.describe()["stream"].get("executors", {})
             print("lanes", lanes)
-            rows.append({"stream": k, "dtype": str(source.dtype), "images": n, "ips": n / t,
+            rows.append({"stream": k, "dtype": dtype, "images": n, "ips": n / t,
                          "pieces": sum(1 for e in log if e[0] == "done"), "lanes": lanes})
     if args.out:
         import json

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -78,14 +79,11 @@ def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
     return out
 
 
-def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks: bool = False) -> tuple[float, float]:
-    """img/s of ``images`` synthetic images through a loaded runner's ``map`` in batches of ``size``,
-    after a warm-up pass of as many (a runner's first stream pays once what a long-running one does
-    not: the first window is the checked call, a GPU's two pinned staging buffers of a gigabyte are
-    allocated, torch's pinned-memory cache fills; on the H200 box a probe's first 20000-image stream
-    ran 15715 img/s and its second 41770). Batches are views of the synthetic bank (its distinct images,
-    ``MAX_DISTINCT_BYTES`` of them, repeated to two batches where fewer), so producing them costs nothing;
-    ``pixels``: a uint8 bank of as many images. Returns (steady, first stream's) img/s."""
+def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False) -> Callable[[], Iterator[Any]]:
+    """A stream of ``images`` synthetic images in batches of ``size``, made anew by each call of the
+    function returned. Batches are views of the synthetic bank (its distinct images,
+    ``MAX_DISTINCT_BYTES`` of them, repeated to two batches where fewer), so producing them costs
+    nothing; ``pixels``: a uint8 bank of as many images."""
     from autohet.core.workload import workload_for
 
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
@@ -94,9 +92,17 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks
     if pixels:
         bank = np.random.default_rng(0).integers(0, 256, bank.shape, dtype=np.uint8)
     starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
+    return lambda: (bank[starts[k % len(starts)]:][: min(size, images - s)]
+                    for k, s in enumerate(range(0, images, size)))
 
-    def batches(n: int) -> Any:
-        return (bank[starts[k % len(starts)]:][: min(size, n - s)] for k, s in enumerate(range(0, n, size)))
+
+def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks: bool = False) -> tuple[float, float]:
+    """img/s of ``images`` synthetic images (``synthetic_batches``) through a loaded runner's ``map`` in
+    batches of ``size``, after a warm-up pass of as many (a runner's first stream pays once what a
+    long-running one does not: the first window is the checked call, a GPU's two pinned staging buffers of
+    a gigabyte are allocated, torch's pinned-memory cache fills; on the H200 box a probe's first
+    20000-image stream ran 15715 img/s and its second 41770). Returns (steady, first stream's) img/s."""
+    batches = synthetic_batches(runner, images, size, pixels)
 
     from contextlib import nullcontext
 
@@ -106,7 +112,7 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks
     for steady in (False, True):
         with StackSampler() if stacks and steady else nullcontext() as sampler:
             start = time.perf_counter()
-            done = sum(len(out) for out in runner.map(batches(images)))
+            done = sum(len(out) for out in runner.map(batches()))
             rates.append(done / (time.perf_counter() - start))
         if sampler is not None:
             print(f"{'pixels' if pixels else 'float32'} stream, {rates[1]:.0f} img/s:", flush=True)
