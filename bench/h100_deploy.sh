@@ -1,8 +1,10 @@
 #!/bin/sh
 # The deployment wave's GPU figures (issues 26-28), one section per device call, back to back:
-#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | tune_runtime | tune | serve | serve_v2 | phases | small | cpu_only
+#   sh bench/h100_deploy.sh SECTION     SECTION: runtime | trace | tune_runtime | tune | serve | serve_v2 | phases | small | cpu_only
 # runtime: autohet.load's stream against the run it serves (hand-written configs CONFIGS, default
-# "single mixed", IMAGES each, default 20000; no Ray: fits the call that stages the first wheel part).
+# "single mixed", IMAGES each, default 20000, ROUNDS of run and stream by turns, default 1; no Ray: fits the
+# call that stages the first wheel part). trace: every piece of those configs' streams (CONFIGS, default
+# "mixed"; REPEAT steady streams of each input kind, default 6) and GPU 0's clock (bench.lane_trace).
 # tune_runtime: a default tune of resnet18 next to its peers
 # (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
 # 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
@@ -42,7 +44,14 @@ case "$1" in
     for c in ${CONFIGS:-single mixed}; do
       log "autohet.load stream vs the measured run: $c"
       t timeout -k 10 ${RT_TIMEOUT:-150} python3 -m bench.runtime_load --config "$W/$c.yaml" --images ${IMAGES:-20000} \
-        --out "$W/runtime_$c.json" > "$W/runtime_$c.log" 2>&1; tail -3 "$W/runtime_$c.log"
+        --rounds ${ROUNDS:-1} --out "$W/runtime_$c.json" > "$W/runtime_$c.log" 2>&1; tail -3 "$W/runtime_$c.log"
+    done ;;
+  trace)
+    configs
+    for c in ${CONFIGS:-mixed}; do
+      log "every piece of $c's streams: ${REPEAT:-6} steady float32 then pixels streams, GPU 0's clock"
+      t timeout -k 10 ${RT_TIMEOUT:-240} python3 -m bench.lane_trace --config "$W/$c.yaml" --images ${IMAGES:-20000} \
+        --repeat ${REPEAT:-6} --out "$W/trace_$c.json" > "$W/trace_$c.log" 2>&1; grep "^stream" "$W/trace_$c.log"
     done ;;
   tune_runtime)
     stop_ray
@@ -121,6 +130,6 @@ case "$1" in
     t timeout -k 10 ${PEERS_TIMEOUT:-300} python3 -m bench.peers --models cifarnet --max-mode "${MAX_MODE:-}" --no-b1-compile \
       --time-budget ${TUNE_BUDGET:-120} --work $work --out "$W/peers_small.json" > "$W/peers_small.log" 2>&1
     tail -6 "$W/peers_small.log"; cp $work/*.log "$W/" 2>/dev/null; stop_ray ;;
-  *) echo "unknown section '$1': runtime, tune_runtime, tune, serve, serve_v2, phases, small or cpu_only"; exit 2 ;;
+  *) echo "unknown section '$1': runtime, trace, tune_runtime, tune, serve, serve_v2, phases, small or cpu_only"; exit 2 ;;
 esac
 tar -czf "$OUT/$1.tgz" -C "$OUT" "$1" && rm -rf "$W"

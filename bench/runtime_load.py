@@ -41,11 +41,17 @@ def measured_run(config: Any, images: int) -> float:
     mode = ObjectiveSet.parse(config.objective).mode
     ctx = RunContext(config.model, workload_for(config.model.name, images, config.workload_seed), check_images=16,
                      mode=mode, standalone_seconds=0.5)
+    from bench._gpu_clock import GpuClock
+
     pool = LocalPool(config.pool)
     try:
-        m = run_strategy(config.strategy, {**config.params, **config.plan}, pool, ctx)
+        with GpuClock() as clock:
+            m = run_strategy(config.strategy, {**config.params, **config.plan}, pool, ctx)
     finally:
         pool.shutdown()
+    if clock.figures:
+        print(f"run {m.throughput_ips:.0f} img/s (its warm-up and check included in the clock): {clock.summary()}",
+              flush=True)
     if not m.output_ok:
         raise SystemExit(f"the measured run failed its output check: {m.failures}")
     return m.throughput_ips
@@ -106,14 +112,17 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks
 
     from contextlib import nullcontext
 
+    from bench._gpu_clock import GpuClock
     from bench._stacks import StackSampler
 
     rates = []
     for steady in (False, True):
-        with StackSampler() if stacks and steady else nullcontext() as sampler:
+        with StackSampler() if stacks and steady else nullcontext() as sampler, GpuClock() as clock:
             start = time.perf_counter()
             done = sum(len(out) for out in runner.map(batches()))
             rates.append(done / (time.perf_counter() - start))
+        if steady and clock.figures:
+            print(f"{'pixels' if pixels else 'float32'} stream {rates[1]:.0f} img/s: {clock.summary()}", flush=True)
         if sampler is not None:
             print(f"{'pixels' if pixels else 'float32'} stream, {rates[1]:.0f} img/s:", flush=True)
             print("\n".join(sampler.report()), flush=True)

@@ -244,6 +244,38 @@ def test_the_copy_threads_use_the_process_cores_after_an_executor_pinned_the_mai
         torch.set_num_threads(threads)
 
 
+def test_the_copy_threads_leave_a_gpu_feeders_cores_to_it(monkeypatch):
+    """A GPU executor pins its launching thread to its feeding core. Sixteen copy threads staging a
+    float32 stream on all sixteen cores of the H200 box shared that core with it: taken by turns on one
+    box, the mixed stream ran at 0.66-0.92 of its run that way and 0.76-0.96 with the copy threads on the
+    other cores (BENCHMARKS.md 38). They run on the process's other cores (a fresh pool once a feeder is
+    noted), on all of them where no other is left or ``AUTOHET_COPY_ON_FEEDERS=1``."""
+    import os
+
+    from autohet.platform import cores as cores_module
+    from autohet.platform import host_copy
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs a process of two cores or more that can pin threads")
+    monkeypatch.delenv("AUTOHET_COPY_THREADS", raising=False)
+    monkeypatch.delenv("AUTOHET_COPY_ON_FEEDERS", raising=False)
+    monkeypatch.setattr(cores_module, "_FEEDER_CORES", set())
+    everything = frozenset(os.sched_getaffinity(0))
+    feeder = min(everything)
+    assert host_copy._cores() == everything
+    assert host_copy._pool(2).submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == everything
+    cores_module.note_feeder_cores((feeder,))
+    assert host_copy._cores() == everything - {feeder}
+    assert host_copy.copy_threads() == min(host_copy.MAX_THREADS, len(everything) - 1)
+    affinity = host_copy._pool(2).submit(lambda: os.sched_getaffinity(0)).result(timeout=60)
+    assert affinity == everything - {feeder}  # the pool made before the note is replaced
+    monkeypatch.setenv("AUTOHET_COPY_ON_FEEDERS", "1")
+    assert host_copy._cores() == everything
+    monkeypatch.delenv("AUTOHET_COPY_ON_FEEDERS")
+    cores_module.note_feeder_cores(tuple(everything))  # every core feeds a GPU: the copies share them
+    assert host_copy._cores() == everything
+
+
 def test_the_copy_threads_follow_their_setting_and_a_lanes_piece_uses_them_all(monkeypatch):
     """``AUTOHET_COPY_THREADS`` (a bench's A/B of the staging threads) sizes the copy pool; unset, the
     process's cores up to the cap. A copy of a few tens of MB (a lane's piece of a window) is cut into
@@ -268,7 +300,7 @@ def test_the_copy_threads_follow_their_setting_and_a_lanes_piece_uses_them_all(m
     submit = pool.submit
     monkeypatch.setattr(pool, "submit", lambda fn: chunks.append(fn) or submit(fn))
     host_copy.copy_rows(dst, src)
-    assert host_copy._POOL_THREADS == 4 and pool._max_workers == 4
+    assert host_copy._POOL_KEY[0] == 4 and pool._max_workers == 4
     assert len(chunks) == 4
     assert torch.equal(dst, src.half())  # exact: one correctly rounded conversion either side
 
@@ -631,14 +663,16 @@ def _windows(lanes, count: int) -> None:
     assert [o[:, 0].tolist() for o in outs] == [list(range(40))] * count
 
 
-def test_a_lane_left_out_on_a_stale_speed_gets_work_again_and_a_streams_first_piece_sets_no_speed():
+def test_a_lane_left_out_on_a_stale_speed_gets_work_again_and_a_streams_first_piece_sets_no_speed(monkeypatch):
     """Issue 49: on four GPUs one lane ran no image of a whole stream: its speed, measured on pieces that
     met a one-off stall, priced it out of every window and it never ran again to correct it. A lane left
     out of ``STALE_WINDOWS`` windows with nothing queued is given a batch whose speed replaces its old one;
     a stream's first piece on a lane (its buffers, its warm-up) is not a speed sample. SIMULATED executors
-    (equal speeds)."""
+    (equal speeds); the probes' gap in seconds set to none (its own test below)."""
     from autohet.core.settings import STALE_WINDOWS
+    from autohet.pool import lanes as lanes_module
 
+    monkeypatch.setattr(lanes_module, "PROBE_GAP_BATCHES", 0)
     pool, lanes = _sim_lanes([4000.0, 4000.0], [4000.0, 4000.0])
     try:
         lanes.lanes[1].recent.extend([(10, 5.0)] * 8)  # a stall's samples: 2 img/s
@@ -653,14 +687,16 @@ def test_a_lane_left_out_on_a_stale_speed_gets_work_again_and_a_streams_first_pi
         pool.shutdown()
 
 
-def test_a_lane_left_out_is_measured_again_on_one_batch_not_given_the_calls_figure():
+def test_a_lane_left_out_is_measured_again_on_one_batch_not_given_the_calls_figure(monkeypatch):
     """On one H200 a 15-core CPU group left out of the stream was given the call's speed again, which
     overrated it: it took a piece in each window, each held its window open past the GPU's work on the
     windows ahead, and the GPU waited (BENCHMARKS.md 37). Its retry is now one batch, whose speed is its
     speed from then on. SIMULATED: 4000 and 100 img/s; the slow one's call figure 4000, its samples a
-    stall's (2 img/s)."""
+    stall's (2 img/s); the probes' gap in seconds set to none."""
     from autohet.core.settings import STALE_WINDOWS
+    from autohet.pool import lanes as lanes_module
 
+    monkeypatch.setattr(lanes_module, "PROBE_GAP_BATCHES", 0)
     pool, lanes = _sim_lanes([4000.0, 100.0], [4000.0, 4000.0])
     try:
         slow = lanes.lanes[1]
@@ -668,6 +704,36 @@ def test_a_lane_left_out_is_measured_again_on_one_batch_not_given_the_calls_figu
         _windows(lanes, STALE_WINDOWS + 2)
         assert slow.retries == 1 and lanes.stats()["sim1"].images == 10  # one batch, then nothing more
         assert 50.0 < slow.speed < 150.0, slow.speed  # the batch's own figure: neither the call's nor the stall's
+        lanes.close()
+    finally:
+        pool.shutdown()
+
+
+def test_a_lane_left_out_is_probed_only_after_its_batches_seconds_not_windows_alone(monkeypatch):
+    """On one H200 the GPU's windows took 0.04 s: a CPU group left out was probed after 8 of them, then 16,
+    each probe's batch took 0.11-0.16 s on cores the GPU's float32 staging needed, and the streams it fell
+    in ran at 0.91-0.93 of those it did not (BENCHMARKS.md 38). A probe is now also ``PROBE_GAP_BATCHES``
+    of the lane's batches' seconds (at its best speed known) after it last ran, doubled with each retry.
+    The rule's arithmetic; then SIMULATED lanes (4000 and 100 img/s, both known at 4000) with a gap no
+    test outlasts: past ``STALE_WINDOWS`` windows the slow lane still runs nothing."""
+    from autohet.core.settings import PROBE_GAP_BATCHES, STALE_WINDOWS
+    from autohet.pool import lanes as lanes_module
+
+    batch_s = 16 / 450.0  # a 15-core group's batch at the call's figure
+    gap = PROBE_GAP_BATCHES * batch_s
+    assert not lanes_module.probe_due(STALE_WINDOWS, 0, 0.99 * gap, batch_s)  # enough windows, too soon
+    assert not lanes_module.probe_due(STALE_WINDOWS - 1, 0, 10 * gap, batch_s)  # long enough, too few windows
+    assert lanes_module.probe_due(STALE_WINDOWS, 0, 1.01 * gap, batch_s)
+    assert not lanes_module.probe_due(2 * STALE_WINDOWS, 1, 1.5 * gap, batch_s)  # the second waits twice as long
+    assert lanes_module.probe_due(2 * STALE_WINDOWS, 1, 2.01 * gap, batch_s)
+
+    monkeypatch.setattr(lanes_module, "PROBE_GAP_BATCHES", 10**9)
+    pool, lanes = _sim_lanes([4000.0, 100.0], [4000.0, 4000.0])
+    try:
+        slow = lanes.lanes[1]
+        slow.recent.extend([(10, 5.0)] * 8)  # a stall's samples: 2 img/s, left out of every window
+        _windows(lanes, 3 * STALE_WINDOWS)
+        assert slow.retries == 0 and lanes.stats()["sim1"].images == 0
         lanes.close()
     finally:
         pool.shutdown()

@@ -15,8 +15,8 @@ __all__ = [
     "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE",
     "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
     "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "OBJECT_STORE_BYTES", "PIECES_AHEAD",
-    "PIPELINE_DEPTH", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "RETRIES", "RETRY_DELAY_S",
-    "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
+    "PIPELINE_DEPTH", "PROBE_GAP_BATCHES", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "RETRIES",
+    "RETRY_DELAY_S", "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
 ]
 
 # --- measurement ------------------------------------------------------------------------------------------
@@ -105,6 +105,14 @@ replaces its measured one; each time again it waits twice as many: a lane priced
 again, a slow one is seldom tried. (Given the call's speed instead, a CPU group beside a GPU took pieces
 the call's figure overrated, and the windows they held open starved the GPU: BENCHMARKS.md 37.)"""
 
+PROBE_GAP_BATCHES = 100
+"""...and only once this many of its batches' seconds (at its best speed known) have passed since it last
+ran, twice as many each time again: a probe costs the stream about one of the lane's batches, so probing
+takes about 1% of the stream's time however short its windows (more where the probe runs slower than the
+lane's best). Counted in windows alone, a CPU group
+beside an H200's 0.04 s windows was probed 0.3, 0.6, 1.3 s... after it last ran, and each probe cost the
+GPU 30-42 ms (BENCHMARKS.md 38)."""
+
 PIECES_AHEAD = 2
 """Pieces a stream lane holds staged or running (a GPU stages by turns into two pinned buffers)."""
 
@@ -162,6 +170,8 @@ ENV: dict[str, EnvVar] = {v.name: v for v in (
                                      "work feeding the other devices (0: unchanged; an A/B switch)"),
     EnvVar("AUTOHET_COPY_THREADS", None, "threads of the large host copies (staging a stream's window; default: the "
                                          "process's cores, at most 16)"),
+    EnvVar("AUTOHET_COPY_ON_FEEDERS", None, "1: the host copy threads also run on the cores GPU executors feed "
+                                            "their GPUs from (an A/B switch)"),
     EnvVar("AUTOHET_PIECE_RAMP", "1", "0: a stream lane's pieces are a unit from its first, not a batch doubled up "
                                       "to a unit (an A/B switch)"),
     EnvVar("AUTOHET_BIND_TEAMS", None, "1: bind each thread of a CPU group's OpenMP team to one core (an A/B switch)"),

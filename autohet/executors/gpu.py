@@ -31,6 +31,7 @@ from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import GraphedCall, check_backend, compile_module, graph_call
 from autohet.executors.cpu import pin_thread
 from autohet.executors.gpu_staging import PinnedStaging, _InPlaceParts
+from autohet.platform.cores import note_feeder_cores
 
 __all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch", "use_tf32"]
 
@@ -101,6 +102,7 @@ class GpuExecutor(PinnedStaging, Executor):
                             f"{torch.cuda.device_count()} CUDA GPUs; use actors/auto.yaml or a CPU pool")
         if self.spec.cores:
             pin_thread(self.spec.cores)
+            note_feeder_cores(self.spec.cores)  # the host copy threads leave this thread its cores
         self.device = torch.device("cuda", index)
         torch.cuda.set_device(self.device)
         torch.backends.cudnn.benchmark = True

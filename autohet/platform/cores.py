@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["note_process_cores", "process_cores"]
+__all__ = ["copy_cores", "note_feeder_cores", "note_process_cores", "process_cores"]
 
 _PROCESS_CORES: frozenset[int] | None = None  # the cores of the first thread an executor pinned, before it did
+_FEEDER_CORES: set[int] = set()  # the cores GPU executors of this process pinned their launching threads to
 
 
 def note_process_cores() -> None:
@@ -31,3 +32,24 @@ def process_cores() -> frozenset[int]:
     if hasattr(os, "sched_getaffinity"):
         return frozenset(os.sched_getaffinity(0))
     return frozenset(range(os.cpu_count() or 1))
+
+
+def note_feeder_cores(cores: tuple[int, ...]) -> None:
+    """Keeps ``cores`` for a GPU executor's own threads (its launches, the CUDA calls that keep the GPU
+    fed): the host copy threads leave them (``copy_cores``)."""
+    _FEEDER_CORES.update(cores)
+
+
+def copy_cores() -> frozenset[int]:
+    """The cores the host copy threads run on: the process's less the GPU feeders' (``note_feeder_cores``),
+    all of them where that leaves none or ``AUTOHET_COPY_ON_FEEDERS=1``. Sixteen copy threads staging a
+    float32 stream on all sixteen cores of the H200 box shared the GPU's feeding core with its launching
+    thread; taken by turns on a box whose host bound the stream, the stream ran faster with the copies off
+    that core (docs/why.md, platform/host_copy.py)."""
+    from autohet.core.settings import env
+
+    cores = process_cores()
+    if env("AUTOHET_COPY_ON_FEEDERS") == "1":
+        return cores
+    left = cores - _FEEDER_CORES
+    return left or cores

@@ -16,25 +16,25 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from autohet.core.settings import CHUNK_BYTES
-from autohet.platform.cores import process_cores
+from autohet.platform.cores import copy_cores
 
 __all__ = ["copy_parts", "copy_rows", "copy_threads"]
 
 _POOL: ThreadPoolExecutor | None = None
-_POOL_THREADS = 0
+_POOL_KEY: tuple[int, frozenset[int]] | None = None
 _LOCK = threading.Lock()
 MAX_THREADS = 16  # the default's cap: more staged faster alone but slowed two GPUs' stream (BENCHMARKS.md 34)
 
 
-def _cores() -> set[int]:
-    """The process's cores (``process_cores``: executors pin their own threads, in a Ray actor its main
-    thread among them)."""
-    return set(process_cores())
+def _cores() -> frozenset[int]:
+    """The process's cores less its GPU feeders' (``copy_cores``: executors pin their own threads, in a
+    Ray actor its main thread among them)."""
+    return copy_cores()
 
 
-def _unpin() -> None:
+def _unpin(cores: frozenset[int]) -> None:
     if hasattr(os, "sched_setaffinity"):  # a pool thread inherits its creator's pinning: undo it
-        os.sched_setaffinity(threading.get_native_id(), _cores())
+        os.sched_setaffinity(threading.get_native_id(), cores)
 
 
 def copy_threads() -> int:
@@ -53,13 +53,15 @@ def copy_threads() -> int:
 
 
 def _pool(threads: int) -> ThreadPoolExecutor:
-    global _POOL, _POOL_THREADS
+    global _POOL, _POOL_KEY
+    key = (threads, _cores())
     with _LOCK:
-        if _POOL is None or threads != _POOL_THREADS:  # a changed setting (a bench's A/B) gets a fresh pool
+        # a changed setting (a bench's A/B) or a GPU executor pinned since (its core left) gets a fresh pool
+        if _POOL is None or key != _POOL_KEY:
             if _POOL is not None:
                 _POOL.shutdown(wait=False)
-            _POOL, _POOL_THREADS = ThreadPoolExecutor(threads, thread_name_prefix="autohet-copy",
-                                                      initializer=_unpin), threads
+            _POOL, _POOL_KEY = ThreadPoolExecutor(threads, thread_name_prefix="autohet-copy",
+                                                  initializer=_unpin, initargs=(key[1],)), key
         return _POOL
 
 

@@ -9,8 +9,9 @@ others' run of the window takes none of it), in pieces of at most a unit each (a
 from one batch up), and each executor runs its pieces back to back: its own feeder thread stages the next
 piece while the current one runs, an asynchronous executor (a GPU) queues it before the current one is
 collected. No executor waits for another at a window's end, and the speeds carry from window to window (a
-stream's first piece on a lane is no sample; a lane priced out of ``STALE_WINDOWS`` windows is given one
-batch, its speed measured again, ever more seldom). A lane that runs dry takes the last waiting piece of a
+stream's first piece on a lane is no sample; a lane priced out of ``STALE_WINDOWS`` windows and
+``PROBE_GAP_BATCHES`` of its batches' seconds is given one batch, its speed measured again, ever more
+seldom). A lane that runs dry takes the last waiting piece of a
 lane that would finish it later. A window's outputs come back, in order, once every lane has run its pieces
 of it. A piece whose executor fails is staged again on the fastest live lane.
 """
@@ -28,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from autohet.core.errors import UserError
-from autohet.core.settings import PIECES_AHEAD, SPEED_PIECES, STALE_WINDOWS, WINDOWS_AHEAD, env
+from autohet.core.settings import PIECES_AHEAD, PROBE_GAP_BATCHES, SPEED_PIECES, STALE_WINDOWS, WINDOWS_AHEAD, env
 from autohet.planners.shares import batch_outlasts_window, even_finish_shares, whole_batch_shares
 
-__all__ = ["LaneStats", "Lanes", "slice_parts"]
+__all__ = ["LaneStats", "Lanes", "probe_due", "slice_parts"]
 
 # A lane's collector polls a launched piece at this interval and collects it once it is done. Waited for
 # in ``collect``, a GPU's event wait spins a core for the whole piece (CUDA spins while a process has
@@ -49,6 +50,13 @@ def slice_parts(parts: list[np.ndarray], start: int, count: int) -> list[np.ndar
             out.append(part[lo - offset : hi - offset])
         offset += len(part)
     return out
+
+
+def probe_due(left_out: int, retries: int, idle_s: float, batch_s: float) -> bool:
+    """Whether a lane left out of ``left_out`` windows in a row, for ``idle_s`` seconds, is given a batch to
+    measure its speed again (its ``retries``-th): after ``STALE_WINDOWS`` windows and ``PROBE_GAP_BATCHES``
+    of its batches (``batch_s`` seconds each at its best speed known), both doubled with each retry."""
+    return left_out >= STALE_WINDOWS << retries and idle_s >= PROBE_GAP_BATCHES * batch_s * (1 << retries)
 
 
 def _piece_size(left: int, most: int, batch: int) -> int:
@@ -114,6 +122,8 @@ class _Lane:
         self.next_piece = executor.spec.max_unit_images
         self.recent: deque[tuple[int, float]] = deque(maxlen=SPEED_PIECES)
         self.prior = speed
+        self.best = speed  # its fastest known: the call's figure or a piece's, for when to probe it
+        self.given_at = time.perf_counter()  # when it was last given images
         self.stats = LaneStats()
         self.left_out = 0  # windows in a row it got no piece of, with nothing queued
         self.retries = 0  # the probes it was given (``STALE_WINDOWS``)
@@ -268,13 +278,17 @@ class Lanes:
         with self._changed:
             for k, (lane, count) in enumerate(zip(self.lanes, counts, strict=True)):
                 lane.left_out = lane.left_out + 1 if count == 0 and lane.queued == 0 else 0
-                if lane.alive and lane.left_out >= STALE_WINDOWS << lane.retries:  # its speed may be a stall's
+                if count:
+                    lane.given_at = now
+                batch_s = batches[k] / (lane.best or lane.speed or fallback)
+                if lane.alive and probe_due(lane.left_out, lane.retries, now - lane.given_at, batch_s):
+                    # its speed may be a stall's
                     donor = max(range(len(counts)), key=counts.__getitem__)
                     moved = min(lane.executor.spec.batch, counts[donor])
                     counts[donor] -= moved
                     counts[k] += moved
                     probes.add(k)
-                    lane.left_out, lane.retries = 0, lane.retries + 1
+                    lane.left_out, lane.retries, lane.given_at = 0, lane.retries + 1, now
         pieces, start = [], 0
         for k, (lane, count) in enumerate(zip(self.lanes, counts, strict=True)):
             taken = 0
@@ -395,6 +409,8 @@ class Lanes:
                 lane.recent.append((piece.count, busy))
             elif lane.stats.pieces:  # a stream's first piece pays what the stream meets once (buffers, warm-up)
                 lane.recent.append((piece.count, busy))
+            if busy > 0 and (piece.probe or lane.stats.pieces):
+                lane.best = max(lane.best or 0.0, piece.count / busy)
             lane.stats.images += piece.count
             lane.stats.busy_s += busy
             lane.stats.pieces += 1
