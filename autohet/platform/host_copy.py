@@ -5,7 +5,7 @@ pinned buffer in its precision once per call. On one thread those copies take se
 run of the window (docs/why.md, platform/host_copy.py), and a thread's torch copies run on one thread
 once an executor has set torch's thread count to its cores. Row chunks on a pool of plain threads,
 each copying its chunk (torch releases the interpreter lock while it copies), use the cores of this
-process instead.
+process instead, less those its GPU executors feed their GPUs from (``platform.cores.copy_cores``).
 """
 
 from __future__ import annotations

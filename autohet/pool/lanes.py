@@ -11,9 +11,9 @@ piece while the current one runs, an asynchronous executor (a GPU) queues it bef
 collected. No executor waits for another at a window's end, and the speeds carry from window to window (a
 stream's first piece on a lane is no sample; a lane priced out of ``STALE_WINDOWS`` windows and
 ``PROBE_GAP_BATCHES`` of its batches' seconds is given one batch, its speed measured again, ever more
-seldom). A lane that runs dry takes the last waiting piece of a
-lane that would finish it later. A window's outputs come back, in order, once every lane has run its pieces
-of it. A piece whose executor fails is staged again on the fastest live lane.
+seldom). A lane that runs dry takes the last waiting piece of a lane that would finish it later. A
+window's outputs come back, in order, once every lane has run its pieces of it. A piece whose executor
+fails is staged again on the fastest live lane.
 """
 
 from __future__ import annotations
