@@ -189,10 +189,15 @@ def main() -> None:
         images, jpegs = (2000, 40) if args.smoke else (args.images, args.jpegs)
         config = load_config(path)
         rounds = []  # by turns: the run, then the stream, ``--rounds`` times (a box whose speed drifts)
-        for _ in range(max(1, args.rounds)):
+        for k in range(max(1, args.rounds)):
             run_ips = float("nan") if args.no_run else measured_run(config, images)
             load_ips, how = streamed(path, images, args.batch, args.window, args.stacks)
             rounds.append((run_ips, load_ips, how))
+            lanes = "".join(f"; {name} {f['images']} images, busy {f['busy_s']:.3f} s, staging {f['stage_s']:.3f} s, "
+                            f"starting {f['launch_s']:.3f} s, device {f['device_s']:.3f} s"
+                            for name, f in how["executors"].items())  # where a slow round's loss sits
+            print(f"round {k + 1}: run {run_ips:.0f} img/s, float32 stream {load_ips:.0f} ({load_ips / run_ips:.3f}x)"
+                  f"{lanes}", flush=True)
         ratios = sorted(range(len(rounds)), key=lambda k: rounds[k][1] / rounds[k][0])
         run_ips, load_ips, how = rounds[ratios[len(ratios) // 2]]  # the round of the median stream/run ratio
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
@@ -201,8 +206,8 @@ def main() -> None:
                                "pixels_over_run": how["pixels_ips"] / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
         if len(rounds) > 1:
-            row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r}
-                             for r, s, h in rounds]
+            row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r,
+                              "executors": h["executors"]} for r, s, h in rounds]
             print("rounds (stream/run, pixels/run): " + ", ".join(
                 f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}" for x in row["rounds"]), flush=True)
         for name, figures in how["executors"].items():
