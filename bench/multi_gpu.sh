@@ -7,11 +7,12 @@
 # (no wheels needed). models: vgg16 and efficientnet_b0 on one GPU and on every GPU (CUDA graphs), the
 # two-GPU gpu-marked tests, a pipeline over two GPUs (resnet18, throughput) and a split of vgg16's convolutions
 # over them (batch-1 latency) next to one GPU alone (MODELS: other models; ENGINE=0: the scaling alone).
-# tune: a default 300 s `autohet tune --model resnet18` on the auto pool next to the N-process torch.compile
-# peer, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
-# stream: a fifo config over every GPU (units of 4 batches, BACKENDS: inductor cudagraphs) through
-# bench.runtime_load in a fresh process each (IMAGES, default 30000): run, float32 stream, pixels stream, and
-# each lane's images and busy time (no wheels needed; STACKS=1: every thread's stacks sampled, printed).
+# tune: a default 300 s `autohet tune --model resnet18` (TUNE_MODEL: another) on the auto pool next to the
+# N-process torch.compile peer, its exported config rerun (needs the wheels: ray[tune,serve], optuna, mlflow under /root/site).
+# stream: a fifo config over every GPU (units of 4 batches, BACKENDS: inductor cudagraphs; CPU_GROUP=8: also
+# with an 8-core ONNX Runtime group beside them) through bench.runtime_load in a fresh process each (IMAGES,
+# default 30000; ROUNDS: run and streams by turns): run, float32 stream, pixels stream, and each lane's images
+# and busy time (no wheels needed; STACKS=1: every thread's stacks sampled, printed).
 # serve: that config (CONFIG) behind `autohet serve` at saturation against its offline stream, then a GPU
 # replica killed mid-load (FAULT=0: not).
 # Logs and JSON go to $OUT.
@@ -41,22 +42,28 @@ case "$1" in
   stream)
     n=$(nvidia-smi -L | wc -l)
     for b in ${BACKENDS:-inductor cudagraphs}; do
-      python3 - "$n" "$b" "$W/fifo${n}_$b.yaml" <<'EOF'
+     for g in 0 ${CPU_GROUP:-}; do
+      name=fifo${n}_$b; [ "$g" = 0 ] || name=${name}_cpu$g
+      python3 - "$n" "$b" "$g" "$W/$name.yaml" <<'EOF'
 import sys
 from autohet.config import RunConfig, write_config
 from autohet.core.models import ModelSpec
 from autohet.executors import ExecutorSpec
 from autohet.pool import PoolSpec
-n, backend, path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-gpus = [ExecutorSpec(name=f"gpu{i}", kind="gpu", cores=(i,), gpu=i, batch=256, precision="fp16", channels_last=True,
-                     backend=backend) for i in range(n)]
-write_config(RunConfig(ModelSpec("resnet18"), PoolSpec("gpus", gpus), "fifo", {"c": 4, "unit": "batches"},
+n, backend, group, path = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+execs = [ExecutorSpec(name=f"gpu{i}", kind="gpu", cores=(i,), gpu=i, batch=256, precision="fp16", channels_last=True,
+                      backend=backend) for i in range(n)]
+if group:  # an ONNX Runtime group on the next cores, beside the GPUs
+    execs.append(ExecutorSpec("cpu_group", "cpu", tuple(range(n, n + group)), batch=16, backend="onnxruntime"))
+write_config(RunConfig(ModelSpec("resnet18"), PoolSpec("gpus", execs), "fifo", {"c": 4, "unit": "batches"},
                        images=20000), path)
 EOF
-      log "autohet.load of fifo over $n GPUs ($b), a fresh process: its run, its streams, each lane"
-      t timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/fifo${n}_$b.yaml" \
-        --images ${IMAGES:-30000} ${STACKS:+--stacks} --out "$W/stream_$b.json" > "$W/stream_$b.log" 2>&1
-      grep -v -i warn "$W/stream_$b.log" | tail -n ${STREAM_LINES:-8}
+      log "autohet.load of $name (fifo over $n GPUs, $b; cpuN: an N-core CPU group beside), a fresh process: its run, its streams, each lane"
+      t timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/$name.yaml" \
+        --images ${IMAGES:-30000} ${ROUNDS:+--rounds $ROUNDS} ${STACKS:+--stacks} --out "$W/stream_$name.json" \
+        > "$W/stream_$name.log" 2>&1
+      grep -v -i warn "$W/stream_$name.log" | tail -n ${STREAM_LINES:-8}
+     done
     done ;;
   models)
     log "${MODELS:-vgg16,efficientnet_b0}: autohet on 1 and on every GPU (CUDA graphs)"
@@ -81,8 +88,8 @@ EOF
     [ -d /root/site/ray ] || sh .gpuwheels/part3/install.sh
     stop_ray; work=$PWD  # the tune runs from the project root (its conf, pool and search space files)
     peer=""; [ "${PEER:-1}" = 0 ] && peer=--no-peer
-    log "the N-process torch.compile peer, a default autohet tune of resnet18 (--time-budget ${TUNE_BUDGET:-300}) on every GPU, its config rerun"
-    t timeout -k 10 ${TUNE_TIMEOUT:-560} python3 -m bench.multi_gpu --models resnet18 --no-runs --no-stream --seconds 4 \
+    log "the N-process torch.compile peer, a default autohet tune of ${TUNE_MODEL:-resnet18} (--time-budget ${TUNE_BUDGET:-300}) on every GPU, its config rerun"
+    t timeout -k 10 ${TUNE_TIMEOUT:-560} python3 -m bench.multi_gpu --models ${TUNE_MODEL:-resnet18} --no-runs --no-stream --seconds 4 \
       $peer --tune ${TUNE_BUDGET:-300} --work $work --out "$W/tune.json" > "$W/tune.log" 2>&1
     grep -v -i warn "$W/tune.log" | tail -6; cp $work/multi-gpu-*.log $work/multi-gpu-*.yaml $work/runs/mlflow.db "$W/" 2>/dev/null
     mkdir -p /tmp/mgtune; cp $work/multi-gpu-*.yaml /tmp/mgtune/ 2>/dev/null; stop_ray ;;

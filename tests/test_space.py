@@ -183,6 +183,51 @@ def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winne
     assert search.best["cpu"][0] == 48.0  # exact: a fake trial's figure
 
 
+def _gpu_walk_search(figures: dict[int, float]) -> list[dict]:
+    """The configs a StagedSearch suggests on two GPUs: the GPU single at 256, the batch walk over 64-512,
+    then fifo; each single's figure by its batch (``figures``)."""
+    from autohet.core.objectives import ObjectiveSet
+    from autohet.executors import ExecutorSpec
+    from autohet.pool import PoolSpec
+    from autohet.tuning.initial import Stage, batch_walk
+    from autohet.tuning.search import SingleKind, StagedSearch
+    from autohet.tuning.space import DefineByRun, SpaceContext
+
+    space = load_search_space("search_spaces").restrict(["fifo"], RunMode.THROUGHPUT)
+    pool = PoolSpec("gpus", [ExecutorSpec(f"gpu{i}", "gpu", (i,), gpu=i, batch=256, precision="fp16")
+                             for i in range(2)])
+    ctx = SpaceContext({"executors": 2}, frozenset({"gpu"}))
+    base = {"strategy": "single", "single.executor": 0, "exec.gpu.backend": "inductor", "exec.gpu.batch": 256}
+    batches = [{**base, "exec.gpu.batch": b, "exec.gpu.backend": "eager"} for b in (64, 128, 512)]
+    fifo = {"strategy": "fifo", "fifo.c": 4, "exec.gpu.backend": "eager", "exec.gpu.batch": 256}
+    search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=[base],
+                          later=[*batch_walk(batches, 256), Stage([fifo])], kind_of=SingleKind(pool),
+                          objectives=ObjectiveSet.parse("throughput"), seed=0)
+    configs = []
+    for n in range(6):
+        config = search.suggest(f"t{n}")
+        configs.append(config)
+        if config["strategy"] != "single":
+            break
+        search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figures[config["exec.gpu.batch"]]})
+    return configs
+
+
+def test_the_gpu_batches_are_walked_out_from_the_pools_batch_and_stop_past_a_batch_that_lost():
+    """Issue 46 (a tune's acquiring): on several GPUs the GPU's other batches are a walk out from 256, each
+    step at the best backend and tried only while the step before it won; a larger batch that wins skips
+    every smaller one, and the strategies after get the batch that won."""
+    up = _gpu_walk_search({256: 70.0, 512: 75.0, 128: 80.0, 64: 90.0})
+    assert [(c["strategy"], c["exec.gpu.batch"]) for c in up] == [("single", 256), ("single", 512), ("fifo", 512)]
+    assert up[1]["exec.gpu.backend"] == "inductor"  # the best single's backend, not the point's own
+    down = _gpu_walk_search({256: 70.0, 512: 60.0, 128: 72.0, 64: 71.0})
+    assert [(c["strategy"], c["exec.gpu.batch"]) for c in down] == [
+        ("single", 256), ("single", 512), ("single", 128), ("single", 64), ("fifo", 128)]
+    flat = _gpu_walk_search({256: 70.0, 512: 60.0, 128: 65.0, 64: 90.0})  # 64 is past 128, which lost
+    assert [(c["strategy"], c["exec.gpu.batch"]) for c in flat] == [
+        ("single", 256), ("single", 512), ("single", 128), ("fifo", 256)]
+
+
 def test_the_split_probes_run_each_close_cpu_variant_over_the_strategies_groups():
     """Variants whose whole-group single came within CLOSE_TO_BEST of the best each run the probe point
     (at its own batch); the best probe's settings, its batch included, go to the strategies on the probes'
@@ -479,7 +524,8 @@ def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(m
     assert all(p["strategy"] == "single" and p["single.executor"] == 0 for p in first.singles)
     assert {p["exec.gpu.batch"] for p in first.singles} == {256}  # each backend at the pool's batch
     assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "inductor", "cudagraphs"]
-    together, gpu_batches, cpu_singles = first.later()[:3]
+    together, *walk = first.later()[:5]
+    *walk, cpu_singles = walk
     assert [p["strategy"] for p in together.points] == ["fifo", "fast_split"]
     assert all(p["pool.max_cpu_groups"] == 0 for p in together.points)
     fifo, fast = together.points
@@ -488,9 +534,10 @@ def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(m
     assert [e.kind for e in regroup(pool, {"max_cpu_groups": 0}).executors] == ["gpu", "gpu"]
     best = {"gpu": {"exec.gpu.backend": "inductor", "exec.gpu.batch": 256}}
     assert all(p["exec.gpu.backend"] == "inductor" for p in together.filled(Known(best)))  # the best single's
-    assert sorted(p["exec.gpu.batch"] for p in gpu_batches.points) == [64, 128, 512]
-    assert all(p["exec.gpu.backend"] == "inductor" and p["exec.gpu.batch"] != 256
-               for p in gpu_batches.filled(Known(best)))  # the best backend, each other batch
+    # the other batches walked out from 256: up first, then down (test_the_gpu_batches_are_walked_...)
+    assert [(stage.points[0]["exec.gpu.batch"], stage.when_best) for stage in walk] == [
+        (512, ("exec.gpu.batch", 256)), (128, ("exec.gpu.batch", 256)), (64, ("exec.gpu.batch", 128))]
+    assert [p["exec.gpu.backend"] for stage in walk[:2] for p in stage.filled(Known(best))] == ["inductor"] * 2
     assert cpu_singles.points and all(p["pool.cpu_group_size"] == "all" for p in cpu_singles.points)
     assert all(p["pool.max_cpu_groups"] == "all" for p in first.singles + cpu_singles.points)
     assert first.all()[: len(first.singles) + 2] == first.singles + together.points

@@ -46,8 +46,10 @@ PROBES_MOST = 2
 CUT_FLOOR_S = 5.0
 """A trial is never cut before this many seconds: a run's fixed costs are not worth a cut."""
 
-CUT_DRAIN_S = 4.0
-"""A cut trial's executors get this long to finish what was sent to them; those that do are kept."""
+CUT_DRAIN_S = 10.0
+"""A cut trial's executors get this long to finish what was sent to them; those that do are kept. About
+what replacing one costs: waiting longer costs more than a fresh actor, waiting less replaces one that
+was seconds from done (docs/defaults.md)."""
 
 MAX_OUTPUT_BYTES = 1 << 30
 """A throughput trial's outputs (images x classes float32) stay within this."""

@@ -26,7 +26,7 @@ from autohet.tuning.dims import SpaceContext
 from autohet.tuning.space import SearchSpace
 
 __all__ = ["CLOSE_TO_BEST", "CPU_VARIANTS", "PROBES_MOST", "CpuVariant", "FirstPoints", "Known", "Stage",
-           "initial_points", "split_winner", "staged_points", "with_best"]
+           "batch_walk", "initial_points", "split_winner", "staged_points", "with_best"]
 
 
 # A CPU group's variants (backend, precision, channels_last), the fastest first as measured (docs/why.md,
@@ -92,17 +92,23 @@ class Known:
 class Stage(NamedTuple):
     """Points that go in once the stage before has run, each at the best singles' settings so far,
     except for its own values of ``keep``; with ``per_close_cpu``, each point once per close CPU
-    variant (``Known.close_cpu``) instead of the best's."""
+    variant (``Known.close_cpu``) instead of the best's; with ``when_best`` (an ``exec.<kind>.*`` name
+    and a value), only where the best single of that kind so far has that value (``batch_walk``)."""
 
     points: list[dict[str, Any]]
     keep: frozenset[str] = frozenset()
     per_close_cpu: bool = False
+    when_best: tuple[str, Any] | None = None
 
     def filled(self, known: Known) -> list[dict[str, Any]]:
         """A point on groups of another size than the best CPU single's keeps its own CPU batch: a batch
         that won narrowly on one group size can be slow on smaller groups (docs/why.md, tuning/initial.py).
         On the split probes' groups it takes the winning probe's settings, its batch included: they were
         measured there."""
+        if self.when_best is not None:
+            name, value = self.when_best
+            if known.best.get(name.split(".")[1], {}).get(name) != value:
+                return []
         if self.per_close_cpu:
             return [{**with_best(point, known.best, self.keep | {"exec.cpu.batch"}), **variant}
                     for point in self.points for variant in known.close_cpu]
@@ -136,13 +142,14 @@ class FirstPoints:
     gpus_together: list[dict[str, Any]] = field(default_factory=list)
     gpu_batches: list[dict[str, Any]] = field(default_factory=list)
     cpu_singles: list[dict[str, Any]] = field(default_factory=list)
+    gpu_batch: Any = None  # the batch stage one's GPU singles ran at, where the batch walk starts
 
     def later(self) -> list[Stage]:
         """The stages after the first, in order (``StagedSearch``). With split probes the strategies take
         the probes' settings, so the whole group's other batches feed only its ``single`` and go last: the
         batch stage can take much of a tune for little gain (docs/why.md, tuning/initial.py)."""
         batches = Stage(self.batches, frozenset({"exec.cpu.batch"}))
-        gpus = [Stage(self.gpus_together), Stage(self.gpu_batches, frozenset({"exec.gpu.batch"})),
+        gpus = [Stage(self.gpus_together), *batch_walk(self.gpu_batches, self.gpu_batch),
                 Stage(self.cpu_singles, _CPU_KEYS)] if self.gpus_together else []
         if self.probes:
             return [*gpus, Stage(self.probes, per_close_cpu=True), Stage(self.strategies), batches]
@@ -310,7 +317,28 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
     backends = [p for p in singles if "exec.gpu.batch" not in p or p["exec.gpu.batch"] == defaults.get(
         "exec.gpu.batch")]
     return FirstPoints(backends, strategies, batches, probes, together,
-                       [p for p in singles if p not in backends], cpu_singles)
+                       [p for p in singles if p not in backends], cpu_singles, defaults.get("exec.gpu.batch"))
+
+
+def batch_walk(points: list[dict[str, Any]], start: Any, name: str = "exec.gpu.batch") -> list[Stage]:
+    """``points`` (singles at other values of ``name``, a batch) as a walk out from ``start``: the larger
+    batches upward, each tried only while the step before it is the best single so far, then the smaller
+    ones downward the same way, so the first smaller one only where no larger one won. A batch's speed
+    rises to one peak and then falls or levels, so a step past a batch that lost cannot win; each step
+    skipped is a compile skipped (each GPU batch costs 5-8 s of acquiring: docs/why.md,
+    tuning/initial.py). Without a ``start`` every point is tried."""
+    keep = frozenset({name})
+    if start is None or not all(isinstance(p.get(name), int | float) for p in points):
+        return [Stage(points, keep)]
+    up = sorted((p for p in points if p[name] > start), key=lambda p: p[name])
+    down = sorted((p for p in points if p[name] < start), key=lambda p: -p[name])
+    stages = []
+    for side in (up, down):
+        before = start
+        for point in side:
+            stages.append(Stage([point], keep, when_best=(name, before)))
+            before = point[name]
+    return stages
 
 
 def _strategy_point(space: SearchSpace, name: str, pool: PoolSpec, defaults: dict[str, Any],
