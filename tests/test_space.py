@@ -422,10 +422,11 @@ def test_initial_points_try_a_gpu_alone_at_each_batch_choice():
     assert all(p["exec.gpu.precision"] == "fp16" for p in singles)
     from autohet.tuning.initial import CPU_VARIANTS
 
-    cpu = [v for v in CPU_VARIANTS if v.backend != "inductor"]  # no CPU compiling next to a GPU
+    # no CPU compiling, and no NNPACK layer timing, next to a GPU
+    cpu = [v for v in CPU_VARIANTS if v.backend not in ("inductor", "onnxruntime_nnpack")]
     assert [p["single.executor"] for p in singles].count(1) == len(cpu) + 1  # the CPU group's variants
     assert [p["single.executor"] for p in singles][-len(cpu) - 1:] == [1] * (len(cpu) + 1)
-    assert not any(p.get("exec.cpu.backend") == "inductor" for p in singles)
+    assert not any(p.get("exec.cpu.backend") in ("inductor", "onnxruntime_nnpack") for p in singles)
     # right after the GPU at its defaults: torch.compile (inductor), then CUDA graphs, then the batches
     assert [p.get("exec.gpu.backend") for p in singles[1:3]] == ["inductor", "cudagraphs"]
     assert singles[3]["exec.gpu.backend"] == singles[0]["exec.gpu.backend"]

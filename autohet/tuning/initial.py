@@ -208,7 +208,11 @@ def _cpu_group(space: SearchSpace, pool: PoolSpec) -> tuple[int, dict[str, Any]]
 
 def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Single on the CPU group at each variant of ``CPU_VARIANTS`` the space holds, then at its pool
-    settings (the slowest variant where the pool file names none: eager fp32)."""
+    settings (the slowest variant where the pool file names none: eager fp32). Beside a GPU, no variant
+    that compiles or refines another by timing its layers (``CPU_REFINES``): seconds to minutes of set-up
+    for a group that adds little next to a GPU (docs/why.md, tuning/initial.py)."""
+    from autohet.executors.cpu_backends import CPU_REFINES
+
     found = _cpu_group(space, pool)
     if found is None:
         return []
@@ -219,8 +223,8 @@ def _cpu_singles(space: SearchSpace, pool: PoolSpec, defaults: dict[str, Any]) -
     seen = {tuple(base.get(f"exec.cpu.{k}") for k in CpuVariant._fields)}
     beside_gpu = any(e.uses_gpu for e in pool.executors)
     for variant in CPU_VARIANTS:
-        if beside_gpu and backend(variant.backend).compiles:  # minutes of compiling for a group that adds
-            continue  # little next to a GPU (docs/why.md, tuning/initial.py)
+        if beside_gpu and (backend(variant.backend).compiles or variant.backend in CPU_REFINES):
+            continue
         point = dict(base)
         for name, value in variant.settings().items():
             dim = dims.get(name)
