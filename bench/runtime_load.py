@@ -85,16 +85,26 @@ def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
     return out
 
 
+# A synthetic stream reads at least this many bytes of distinct memory, in its own dtype: more than the last-level
+# cache of the GPU boxes' Xeons (300 MiB), as a real stream's freshly decoded images are. Staging float32 into
+# fp16 pinned rows on 16 threads of the H200 box ran 127-134k img/s from a 128 MB source and 88-96k from 1-4 GB
+# (BENCHMARKS.md 39): the bench's 128 MB and then 308 MB banks read partly from the cache.
+SOURCE_BYTES = 1 << 30
+
+
 def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False) -> Callable[[], Iterator[Any]]:
     """A stream of ``images`` synthetic images in batches of ``size``, made anew by each call of the
-    function returned. Batches are views of the synthetic bank (its distinct images,
-    ``MAX_DISTINCT_BYTES`` of them, repeated to two batches where fewer), so producing them costs
-    nothing; ``pixels``: a uint8 bank of as many images."""
+    function returned. Batches are views of the synthetic bank (its distinct images, ``MAX_DISTINCT_BYTES``
+    of them, repeated to ``SOURCE_BYTES`` of memory, at least two batches, at most the stream's images), so
+    producing them costs nothing; ``pixels``: a uint8 bank of as many bytes."""
     from autohet.core.workload import workload_for
 
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
-    if len(bank) < 2 * size:  # resnet18's 128 MB are 222 images: batches of 256 ran as 222 (BENCHMARKS.md 37)
-        bank = np.resize(bank, (2 * size, *bank.shape[1:]))
+    per_image = int(np.prod(bank.shape[1:])) * (1 if pixels else 4)
+    # resnet18's 128 MB are 222 images: batches of 256 ran as 222 (BENCHMARKS.md 37)
+    rows = min(max(images, 2 * size), max(2 * size, -(-SOURCE_BYTES // per_image)))
+    if len(bank) < rows:
+        bank = np.resize(bank, (rows, *bank.shape[1:]))
     if pixels:
         bank = np.random.default_rng(0).integers(0, 256, bank.shape, dtype=np.uint8)
     starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing

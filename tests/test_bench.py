@@ -175,3 +175,22 @@ def test_the_stack_sampler_names_where_each_thread_waits() -> None:
     assert sampler.samples > 0 and sum(sampler.counts["probe"].values()) == 2 * sampler.samples
     report = "\n".join(sampler.report())
     assert "  probe: " in report and "_parked_in_the_probe" in report and "cores " in report
+
+
+@pytest.mark.parametrize("pixels", [False, True])
+def test_the_streams_synthetic_batches_read_fresh_memory_not_a_cached_bank(pixels: bool) -> None:
+    """Issue 49: a stream bench's batches are distinct memory up to ``SOURCE_BYTES`` (a real stream reads
+    freshly decoded images, not a bank the CPU's 300 MiB cache holds: staged from a 128 MB bank, float32 ran
+    1.4x its rate from DRAM, BENCHMARKS.md 39). resnet18's distinct bank is 222 images (128 MB); repeated
+    to two batches, a stream read the same 308 MB over and over."""
+    from types import SimpleNamespace
+
+    from bench.runtime_load import SOURCE_BYTES, synthetic_batches
+
+    runner = SimpleNamespace(model=SimpleNamespace(name="resnet18"), config=SimpleNamespace(workload_seed=0))
+    per_image = 3 * 224 * 224 * (1 if pixels else 4)
+    batches = list(synthetic_batches(runner, 2048, 256, pixels)())
+    assert len(batches) == 8 and all(len(b) == 256 and b.dtype == (np.uint8 if pixels else np.float32)
+                                     for b in batches)
+    distinct = len({b.__array_interface__["data"][0] for b in batches})
+    assert distinct == min(8, SOURCE_BYTES // per_image // 256)  # float32: 1 GiB holds 1784 images, 6 batches apart
