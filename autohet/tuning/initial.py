@@ -329,7 +329,7 @@ def batch_walk(points: list[dict[str, Any]], start: Any, name: str = "exec.gpu.b
     batches upward, each tried only while the step before it is the best single so far, then the smaller
     ones downward the same way, so the first smaller one only where no larger one won. A batch's speed
     rises to one peak and then falls or levels, so a step past a batch that lost cannot win; each step
-    skipped is a compile skipped (each GPU batch costs 5-8 s of acquiring: docs/why.md,
+    skipped is a compile skipped (5-26 s of acquiring each, by model: docs/why.md,
     tuning/initial.py). Without a ``start`` every point is tried."""
     keep = frozenset({name})
     if start is None or not all(isinstance(p.get(name), int | float) for p in points):
