@@ -297,6 +297,30 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
     assert engine_shortfall("split", 4.6, [2.1, 2.0], ["a", "b"], CPU_ENGINE_HEADROOM) is not None  # CPUs: 1.1x
     assert engine_shortfall("pipeline", 7.3, [2.1, None], ["a", "b"]) is None  # a device never measured
     assert engine_shortfall("pipeline", None, [2.1, 2.0], ["a", "b"]) is None  # no valid trial yet
+    # an engine trial on these devices (or some of them) already ran within the headroom of the best: it runs.
+    # On the 2-core box a lenet pipeline over two 1-core groups ran 8539 img/s against their standalone 7156,
+    # and the next pipeline over them was refused against it (a tune test failed so, one run in several)
+    assert engine_shortfall("pipeline", 8539.0, [3578.0, 3578.0], ["cpu0", "cpu1"], CPU_ENGINE_HEADROOM,
+                            reached=8539.0) is None
+    assert engine_shortfall("pipeline", 8539.0, [3578.0, 3578.0], ["cpu0", "cpu1"], CPU_ENGINE_HEADROOM) is not None
+    assert engine_shortfall("pipeline", 9999.0, [3578.0, 3578.0], ["a", "b"], CPU_ENGINE_HEADROOM,
+                            reached=8539.0) is not None  # a faster trial of another kind still refuses it
+
+
+def test_an_engine_trials_figure_counts_for_its_devices_and_any_that_hold_them() -> None:
+    """``engine_reached``: the best an engine trial ran on a set of executors, for those executors or more
+    of them, by executor identity; a single's figure is no engine trial's."""
+    manager = PoolManager(load_pool("actors/cpu2.yaml"), ModelSpec("lenet"),
+                          Workload(np.zeros((1, 1, 28, 28), dtype=np.float32), 8), "t", pool_factory=FakePool)
+    manager.acquire({}, {})
+    manager.record_speed(9000.0)  # a single
+    assert manager.engine_reached([0, 1]) is None
+    manager.record_speed(8539.0, [0, 1])
+    manager.record_speed(7000.0, [0, 1])
+    manager.record_speed(5000.0, [1])
+    assert manager.engine_reached([0, 1]) == 8539.0  # exact: the test's own figures
+    assert manager.engine_reached([1]) == 5000.0  # exact: as above
+    assert manager.engine_reached([0]) is None
 
 
 def test_a_trial_runs_at_least_two_batches_of_each_executor() -> None:

@@ -72,6 +72,7 @@ class PoolManager:
         self.actors_replaced = 0
         self.actors_released = 0
         self.best_ips: float | None = None
+        self.engine_ips: dict[frozenset[Identity], float] = {}  # devices -> the best engine trial on them
         self.standalone_cache = StandaloneCache()
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
@@ -142,9 +143,20 @@ class PoolManager:
         self.actors_replaced += len(indices)
         self.pool, self.key = None, None
 
-    def record_speed(self, ips: float) -> None:
-        """The throughput of a valid trial: the fastest sets the cut and the next trials' size."""
+    def record_speed(self, ips: float, engine_devices: list[int] | None = None) -> None:
+        """The throughput of a valid trial: the fastest sets the cut and the next trials' size. An engine
+        family's trial names the live topology's executors it ran on (``engine_reached``)."""
         self.best_ips = ips if self.best_ips is None else max(self.best_ips, ips)
+        if engine_devices and self.pool is not None:
+            key = frozenset(identity(self.pool.spec.executors[i]) for i in engine_devices)
+            self.engine_ips[key] = max(ips, self.engine_ips.get(key, 0.0))
+
+    def engine_reached(self, indices: list[int]) -> float | None:
+        """The best an engine trial ran on the live topology's executors ``indices`` or on some of them
+        (None where none did): what those devices are known to reach together."""
+        assert self.pool is not None, "acquire() first"
+        devices = {identity(self.pool.spec.executors[i]) for i in indices if 0 <= i < len(self.pool.spec.executors)}
+        return max((ips for key, ips in self.engine_ips.items() if key <= devices), default=None)
 
     def best_speed(self) -> float | None:
         return self.best_ips

@@ -30,7 +30,7 @@ from autohet.pool import PoolSpec
 from autohet.strategies import get_strategy
 from autohet.strategy_run import energy_sources, run_strategy
 from autohet.tuning.space import SearchSpace
-from autohet.tuning.trial_setup import TrialSetup, TrialSizing, engine_shortfall, trial_images
+from autohet.tuning.trial_setup import TrialSetup, TrialSizing, engine_devices, engine_shortfall, trial_images
 from autohet.tuning.trial_setup import cut_deadline as _cut_deadline
 from autohet.tuning.trial_setup import refuse_hopeless_engine as _refuse_hopeless_engine
 from autohet.tuning.trial_setup import refuse_hopeless_single as _refuse_hopeless_single
@@ -189,7 +189,8 @@ def _measured(m: Measurement, ctx: RunContext, strategy: str, spec: PoolSpec, ex
     m.extra["standalone"] = "one measurement per executor class and configuration, cached for the tune"
     status, why = trial_status(m, setup.max_temp)
     if status == "ok" and not setup.objectives.mode.per_request:
-        ray.get(manager.record_speed.remote(m.throughput_ips))
+        on = engine_devices(m.params, spec) if get_strategy(strategy).on_engine else None
+        ray.get(manager.record_speed.remote(m.throughput_ips, on))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            plan=get_strategy(strategy).plan_params(m.params, m.extra),
                            images=ctx.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,
