@@ -102,7 +102,7 @@ def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False)
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
     per_image = int(np.prod(bank.shape[1:])) * (1 if pixels else 4)
     # resnet18's 128 MB are 222 images: batches of 256 ran as 222 (BENCHMARKS.md 37)
-    rows = min(max(images, 2 * size), max(2 * size, -(-SOURCE_BYTES // per_image)))
+    rows = max(2 * size, min(images, -(-SOURCE_BYTES // per_image)))
     if len(bank) < rows:
         bank = np.resize(bank, (rows, *bank.shape[1:]))
     if pixels:
