@@ -69,9 +69,18 @@ def streamed(path: str, images: int, batch: int | None, window: int | None = Non
         steady, cold = stream_ips(runner, images, size, stacks=stacks)
         executors = _executor_shares(runner)
         pixels, pixels_cold = stream_ips(runner, images, size, pixels=True, stacks=stacks)
-        return steady, {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
-                        "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
-                        "served": runner.describe()["served"], "executors": executors}
+        how = {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
+               "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
+               "served": runner.describe()["served"], "executors": executors}
+        if _has_cuda():  # float32 from page-locked memory: a GPU reads it where it lies
+            how["pinned_ips"] = stream_ips(runner, images, size, stacks=stacks, pinned=True)[0]
+        return steady, how
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
@@ -92,11 +101,13 @@ def _executor_shares(runner: Any) -> dict[str, dict[str, float]]:
 SOURCE_BYTES = 1 << 30
 
 
-def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False) -> Callable[[], Iterator[Any]]:
+def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False,
+                      pinned: bool = False) -> Callable[[], Iterator[Any]]:
     """A stream of ``images`` synthetic images in batches of ``size``, made anew by each call of the
     function returned. Batches are views of the synthetic bank (its distinct images, ``MAX_DISTINCT_BYTES``
     of them, repeated to ``SOURCE_BYTES`` of memory, at least two batches, at most the stream's images), so
-    producing them costs nothing; ``pixels``: a uint8 bank of as many bytes."""
+    producing them costs nothing; ``pixels``: a uint8 bank of as many bytes; ``pinned``: the bank in
+    page-locked memory, as a ``DataLoader(pin_memory=True)`` hands its batches over (CUDA only)."""
     from autohet.core.workload import workload_for
 
     bank = workload_for(runner.model.name, images, runner.config.workload_seed).bank
@@ -107,18 +118,24 @@ def synthetic_batches(runner: Any, images: int, size: int, pixels: bool = False)
         bank = np.resize(bank, (rows, *bank.shape[1:]))
     if pixels:
         bank = np.random.default_rng(0).integers(0, 256, bank.shape, dtype=np.uint8)
+    if pinned:
+        import torch
+
+        bank = torch.from_numpy(np.ascontiguousarray(bank)).pin_memory().numpy()  # the array keeps it alive
     starts = list(range(0, max(1, len(bank) - size + 1), size))  # views of the bank: the reader copies nothing
     return lambda: (bank[starts[k % len(starts)]:][: min(size, images - s)]
                     for k, s in enumerate(range(0, images, size)))
 
 
-def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks: bool = False) -> tuple[float, float]:
+def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks: bool = False,
+               pinned: bool = False) -> tuple[float, float]:
     """img/s of ``images`` synthetic images (``synthetic_batches``) through a loaded runner's ``map`` in
     batches of ``size``, after a warm-up pass of as many (a runner's first stream pays once what a
     long-running one does not: the first window is the checked call, a GPU's two pinned staging buffers of
     a gigabyte are allocated, torch's pinned-memory cache fills; on the H200 box a probe's first
     20000-image stream ran 15715 img/s and its second 41770). Returns (steady, first stream's) img/s."""
-    batches = synthetic_batches(runner, images, size, pixels)
+    batches = synthetic_batches(runner, images, size, pixels, pinned)
+    kind = "pixels" if pixels else "float32, page-locked," if pinned else "float32"
 
     from contextlib import nullcontext
 
@@ -132,9 +149,9 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks
             done = sum(len(out) for out in runner.map(batches()))
             rates.append(done / (time.perf_counter() - start))
         if steady and clock.figures:
-            print(f"{'pixels' if pixels else 'float32'} stream {rates[1]:.0f} img/s: {clock.summary()}", flush=True)
+            print(f"{kind} stream {rates[1]:.0f} img/s: {clock.summary()}", flush=True)
         if sampler is not None:
-            print(f"{'pixels' if pixels else 'float32'} stream, {rates[1]:.0f} img/s:", flush=True)
+            print(f"{kind} stream, {rates[1]:.0f} img/s:", flush=True)
             print("\n".join(sampler.report()), flush=True)
     return rates[1], rates[0]
 
@@ -206,8 +223,10 @@ def main() -> None:
             lanes = "".join(f"; {name} {f['images']} images, busy {f['busy_s']:.3f} s, staging {f['stage_s']:.3f} s, "
                             f"starting {f['launch_s']:.3f} s, device {f['device_s']:.3f} s"
                             for name, f in how["executors"].items())  # where a slow round's loss sits
+            pinned = f", float32 page-locked {how['pinned_ips']:.0f} ({how['pinned_ips'] / run_ips:.3f}x)" \
+                if "pinned_ips" in how else ""
             print(f"round {k + 1}: run {run_ips:.0f} img/s, float32 stream {load_ips:.0f} ({load_ips / run_ips:.3f}x)"
-                  f"{lanes}", flush=True)
+                  f"{pinned}, pixels {how['pixels_ips']:.0f} ({how['pixels_ips'] / run_ips:.3f}x){lanes}", flush=True)
         ratios = sorted(range(len(rounds)), key=lambda k: rounds[k][1] / rounds[k][0])
         run_ips, load_ips, how = rounds[ratios[len(ratios) // 2]]  # the round of the median stream/run ratio
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
@@ -215,11 +234,15 @@ def main() -> None:
                                "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
                                "pixels_over_run": how["pixels_ips"] / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
+        if "pinned_ips" in how:
+            row["pinned_over_run"] = how["pinned_ips"] / run_ips
         if len(rounds) > 1:
             row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r,
+                              "pinned_over_run": h.get("pinned_ips", float("nan")) / r,
                               "executors": h["executors"]} for r, s, h in rounds]
-            print("rounds (stream/run, pixels/run): " + ", ".join(
-                f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}" for x in row["rounds"]), flush=True)
+            print("rounds (stream/run, pixels/run, page-locked float32/run): " + ", ".join(
+                f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}/{x['pinned_over_run']:.3f}"
+                for x in row["rounds"]), flush=True)
         for name, figures in how["executors"].items():
             print(f"stream: {name} ran {figures['images']} images in {figures['pieces']} pieces, busy "
                   f"{figures['busy_s']:.2f} s ({figures['busy_ips']:.1f} img/s while busy); staging "
@@ -235,7 +258,7 @@ def main() -> None:
             row["files_over_load"] = row["files_ips"] / load_ips
     columns = ("model", "strategy", "images", "window_given", "batch", "run_ips", "tune_ips", "load_ips",
                "stream_cold_ips", "load_over_run", "load_over_tune", "pixels_ips", "pixels_on_device",
-               "pixels_over_run",
+               "pixels_over_run", "pinned_ips", "pinned_over_run",
                "pixels_over_tune", "files", "files_ips", "files_over_load", "decode_cores")
     emit("runtime_load", [row], [c for c in columns if c in row], args.out)
 

@@ -443,9 +443,11 @@ def test_a_single_config_starts_only_its_executor(tmp_path):
 
 
 @pytest.mark.gpu
-def test_a_gpu_stream_copies_page_locked_batches_from_where_they_lie(tmp_path, monkeypatch):
-    """Batches already page-locked in the compute dtype (a GPU replica's registered request bodies)
-    are not staged by copy: the GPU reads them in place, and the outputs are the reference's."""
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_a_gpu_stream_copies_page_locked_batches_from_where_they_lie(tmp_path, monkeypatch, precision):
+    """Batches already page-locked (a GPU replica's registered request bodies, a DataLoader's pinned
+    float32 batches) are not staged by copy: the GPU reads them in place, float32 converted there to
+    the compute dtype, and the outputs are the reference's."""
     import torch
 
     from autohet.executors.gpu import GpuExecutor
@@ -461,7 +463,7 @@ def test_a_gpu_stream_copies_page_locked_batches_from_where_they_lie(tmp_path, m
         return out
 
     monkeypatch.setattr(GpuExecutor, "stage", spy)
-    gpu = PoolSpec("gpu", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=4, precision="fp32")])
+    gpu = PoolSpec("gpu", [ExecutorSpec("gpu0", "gpu", (0,), 0, batch=4, precision=precision)])
     path = write_config(RunConfig(ModelSpec("lenet"), gpu, "single", {"executor": 0}, images=64),
                         tmp_path / "gpu.yaml")
     x = np.random.default_rng(11).standard_normal((40, *input_shape("lenet")), dtype=np.float32)
@@ -471,8 +473,41 @@ def test_a_gpu_stream_copies_page_locked_batches_from_where_they_lie(tmp_path, m
     with autohet.load(path, window=6) as runner:
         first = runner(xs[:2])  # the checked call
         outs = list(runner.map([xs[i : i + 2] for i in range(2, 40, 2)]))
-    close_to(np.concatenate([first, *outs]), reference("lenet", x))
+    out, ref = np.concatenate([first, *outs]), reference("lenet", x)
+    assert out.shape == ref.shape and out.dtype == np.float32
+    assert float(np.abs(out - ref).max()) <= TOLERANCE[precision] * float(np.abs(ref).max())
     assert "_InPlaceParts" in staged, staged
+
+
+class _Part:
+    """What ``read_in_place`` reads of a part (a CPU-only torch cannot page-lock memory)."""
+
+    def __init__(self, dtype, pinned: bool = True, contiguous: bool = True) -> None:
+        self.dtype, self.pinned, self.contiguous = dtype, pinned, contiguous
+
+    def is_pinned(self) -> bool:
+        return self.pinned
+
+    def is_contiguous(self) -> bool:
+        return self.contiguous
+
+
+def test_a_gpu_reads_page_locked_parts_in_its_staged_dtype_or_float32_in_place_and_stages_the_rest():
+    """Page-locked float32 inputs are left where they lie for an fp16 GPU (converted on the GPU, no
+    host copy), as parts in the staged dtype already were; anything not page-locked or contiguous, or
+    a dtype the GPU neither stages nor converts, is staged by copy."""
+    import torch
+
+    from autohet.executors.gpu_staging import read_in_place
+
+    f32, f16, u8 = torch.float32, torch.float16, torch.uint8
+    assert read_in_place([_Part(f32), _Part(f32)], f16)  # a pinned float32 source: converted on the GPU
+    assert read_in_place([_Part(f16)], f16) and read_in_place([_Part(u8)], u8)  # the staged dtype
+    assert read_in_place([_Part(f32)], f32)
+    assert not read_in_place([_Part(f32), _Part(f32, pinned=False)], f16)
+    assert not read_in_place([_Part(f32, contiguous=False)], f16)
+    assert not read_in_place([_Part(f32), _Part(f16)], f16)  # one dtype for the whole window
+    assert not read_in_place([_Part(torch.bfloat16)], f16)
 
 
 def _pixels(n: int, seed: int) -> np.ndarray:

@@ -110,6 +110,7 @@ class GpuExecutor(PinnedStaging, Executor):
         self._base: torch.nn.Module | None = None
         self._variants: dict[tuple, _Variant] = {}
         self._banks: dict[torch.dtype, torch.Tensor] = {}
+        self._converting: dict[torch.dtype, tuple[tuple, tuple[list[torch.Tensor], list[torch.Tensor]]]] = {}
         self.copy_stream = torch.cuda.Stream(self.device)
         self.compute_stream = self.stream_override or torch.cuda.Stream(self.device)
         self.sms = self.spec.sms
@@ -239,8 +240,8 @@ class GpuExecutor(PinnedStaging, Executor):
                 padded = batch if fixed else padded_batch(n, batch)  # rows n..padded: stale inputs, dropped
                 slot = self._slot
                 self._slot ^= 1
-                pixels = bank.dtype == torch.uint8
-                landing = self._pixel_buffers()[0][slot] if pixels else self.dev_in[slot]
+                converts = bank.dtype != self.dtype
+                landing = self._converting_buffers(bank.dtype)[0][slot] if converts else self.dev_in[slot]
                 with torch.cuda.stream(self.copy_stream):
                     self.copy_stream.wait_event(self.consumed[slot])
                     for dest, rows in self._sources(bank, start + offset, n):
@@ -248,9 +249,12 @@ class GpuExecutor(PinnedStaging, Executor):
                     self.copied[slot].record(self.copy_stream)
                 with torch.cuda.stream(self.compute_stream):
                     self.compute_stream.wait_event(self.copied[slot])
-                    if pixels:  # one fused multiply-add: uint8 in, the compute dtype out, in the model's layout
-                        x = self._pixel_buffers()[1][slot][:padded]
-                        torch.addcmul(self._shift, landing[:n], self._factor, out=x[:n])
+                    if converts:  # one kernel: the landed dtype in, the compute dtype out, in the model's layout
+                        x = self._converting_buffers(bank.dtype)[1][slot][:padded]
+                        if bank.dtype == torch.uint8:  # pixels: one fused multiply-add by the scale
+                            torch.addcmul(self._shift, landing[:n], self._factor, out=x[:n])
+                        else:
+                            x[:n].copy_(landing[:n])
                     else:
                         x = self.dev_in[slot][:padded].contiguous(memory_format=self.memory_format)
                     y = self._forward(x, padded)[:n]
@@ -262,21 +266,26 @@ class GpuExecutor(PinnedStaging, Executor):
         assert outputs is not None
         return _Launched(outputs, begin, end, bank)
 
-    def _pixel_buffers(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Two device buffers the uint8 pixels land in, two the scaled inputs are written to in the
-        model's dtype and layout (channels_last: no further copy), and the scale's factors."""
-        key = (tuple(self.dev_in[0].shape), self.dtype, self.memory_format, self.pixel_scale)
-        if getattr(self, "_pixels_key", None) != key:
-            assert self.pixel_scale is not None
-            a, b = self.pixel_scale.factors()
-            self._factor = torch.from_numpy(a).to(self.device)
-            self._shift = torch.from_numpy(b).to(self.device)
+    def _converting_buffers(self, landed: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Two device buffers a bank in another dtype than the compute one lands in (uint8 pixels, or
+        page-locked float32 inputs left where they lie), and two the model's inputs are written to from
+        them in the compute dtype and the model's layout (channels_last: no further copy); for pixels,
+        the scale's factors too."""
+        pixels = landed == torch.uint8
+        key = (tuple(self.dev_in[0].shape), self.dtype, self.memory_format, self.pixel_scale if pixels else None)
+        kept = self._converting.get(landed)
+        if kept is None or kept[0] != key:
+            if pixels:
+                assert self.pixel_scale is not None
+                a, b = self.pixel_scale.factors()
+                self._factor = torch.from_numpy(a).to(self.device)
+                self._shift = torch.from_numpy(b).to(self.device)
             shape = key[0]
-            self._pixels = ([torch.empty(shape, dtype=torch.uint8, device=self.device) for _ in range(2)],
-                            [torch.empty(shape, dtype=self.dtype, device=self.device).contiguous(
-                                memory_format=self.memory_format) for _ in range(2)])
-            self._pixels_key = key
-        return self._pixels
+            kept = self._converting[landed] = (key, (
+                [torch.empty(shape, dtype=landed, device=self.device) for _ in range(2)],
+                [torch.empty(shape, dtype=self.dtype, device=self.device).contiguous(memory_format=self.memory_format)
+                 for _ in range(2)]))
+        return kept[1]
 
     def collect(self, handle: _Launched) -> UnitResult:
         """Waits for a launched unit; ``compute_s`` is the GPU's own time on it (CUDA events), so

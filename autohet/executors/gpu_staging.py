@@ -1,7 +1,7 @@
 """A GPU executor's host side: its images staged once in pinned memory in the compute dtype (the
 workload's bank, a served call's images, a stream's next window by turns into two pinned buffers), or
-left where they lie when they are already page-locked in that dtype (``_InPlaceParts``), so its copy
-stream reads them straight to the GPU."""
+left where they lie when they are already page-locked, in that dtype or as float32 inputs
+(``_InPlaceParts``, ``read_in_place``), so its copy stream reads them straight to the GPU."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from autohet.core.errors import UserError
 from autohet.core.workload import Workload
 
-__all__ = ["PinnedStaging"]
+__all__ = ["PinnedStaging", "read_in_place"]
 
 
 class _InPlaceParts:
@@ -38,6 +38,16 @@ class _InPlaceParts:
             if lo < hi:
                 out.append(part[lo - begin : hi - begin])
         return out
+
+
+def read_in_place(parts: list[torch.Tensor], staged: torch.dtype) -> bool:
+    """Whether a GPU copies ``parts`` from where they lie: all contiguous and page-locked, in the dtype it
+    stages (``staged``) or all float32, converted on the GPU. A page-locked float32 source (a DataLoader
+    with ``pin_memory=True``) then costs the host nothing but the GPU's read of it, where staging it into
+    fp16 rows reads it, writes half as much again and has that read by the GPU (BENCHMARKS.md 40)."""
+    kind = parts[0].dtype
+    return kind in (staged, torch.float32) and all(
+        p.dtype == kind and p.is_contiguous() and p.is_pinned() for p in parts)
 
 
 class PinnedStaging:
@@ -97,7 +107,7 @@ class PinnedStaging:
     def stage(self, parts: list[np.ndarray], rows: int = 0) -> torch.Tensor | _InPlaceParts:
         """The parts copied straight into the next of two pinned buffers in the compute dtype (no join,
         one host copy, on several threads); the other buffer may be in use by the current call's units.
-        Parts already page-locked and in that dtype are left where they are (no copy). ``rows``: the
+        Parts already page-locked are left where they are (no copy; ``read_in_place``). ``rows``: the
         largest call the caller will stage, so the buffers are allocated once at that size."""
         import warnings
 
@@ -109,7 +119,7 @@ class PinnedStaging:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only arrays (the object store, a memmap)
             tensors = [torch.from_numpy(p) for p in parts]
-        if all(t.dtype == dtype and t.is_contiguous() and t.is_pinned() for t in tensors):
+        if read_in_place(tensors, dtype):
             return _InPlaceParts(tensors)
         if self._turns is None:
             self._turns = {}
