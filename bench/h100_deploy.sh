@@ -9,7 +9,8 @@
 # (torch.compile, CUDA graph), then that tune's config through autohet.load (IMAGES a stream, default
 # 20000) and JPEGS (default 5000) JPEGs through `run --input`. serve: that config behind `autohet serve` at saturation, a batch-1 latency config
 # over HTTP, and a replica killed mid-load. serve_v2: the tuned config (CONFIG) at saturation through the Open
-# Inference Protocol v2, tritonclient's HTTP then gRPC clients (wheels + tritonclient's under /root/site). phases: serve_load runs of one config (CONFIG, RUNS), each
+# Inference Protocol v2, tritonclient's HTTP then gRPC clients (wheels + tritonclient's under /root/site), each
+# followed by perf_analyzer where PERF_ANALYZER names its binary. phases: serve_load runs of one config (CONFIG, RUNS), each
 # printing where a request's time went (Server-Timing) and the replica's stream. small: cifarnet's
 # peers and a default tune (issue 26's small, fast model). tune: tune_runtime's peers and default tune
 # alone. cpu_only: the CPU executor's OpenVINO settings next to the peer (bench.cpu_executor_sweep, SWEEP
@@ -114,6 +115,12 @@ case "$1" in
       t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients 64 --client-procs 8 \
         --npy-batch 64 --pixels --protocol $p --seconds ${SERVE_SECONDS:-15} ${SERVE_ARGS:-} --out "$W/serve_$p.json" > "$W/serve_$p.log" 2>&1
       tail -12 "$W/serve_$p.log"; stop_ray
+      [ -n "${PERF_ANALYZER:-}" ] || continue  # Triton's C++ load generator (tritonclient 2.60's wheel) as the clients
+      log "the same through $p with perf_analyzer: 64 requests in flight, 64-image uint8 tensors, windows of ${SERVE_SECONDS:-15} s"
+      t timeout -k 10 ${SERVE_TIMEOUT:-240} python3 -m bench.serve_load --config "$cfg" --clients 64 --npy-batch 64 --pixels \
+        --protocol $p --seconds ${SERVE_SECONDS:-15} --perf-analyzer "$PERF_ANALYZER" ${SERVE_ARGS:-} \
+        --out "$W/serve_${p}_pa.json" > "$W/serve_${p}_pa.log" 2>&1
+      tail -12 "$W/serve_${p}_pa.log"; stop_ray
     done ;;
   phases)  # where a served request's time goes: serve_load runs of one config, RUNS="clients:procs:images ..."
     stop_ray; cfg=${CONFIG:-bench/results/h100_deploy/v7/tune_runtime/tuned.yaml}

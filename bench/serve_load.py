@@ -520,6 +520,36 @@ def load_everywhere(url: str, bodies: Bodies, args: argparse.Namespace,
     return tally, max(walls), fault, cpu
 
 
+def perf_analyzer_load(binary: str, model: str, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Triton's own load generator (C++) as the clients: ``--clients`` requests in flight of
+    ``--npy-batch`` images each, over the protocol's gRPC or REST, random inputs of the datatype the
+    model's metadata states (``--pixels``: the service says UINT8). Its last stable measurement window:
+    img/s (perf_analyzer counts every image of a batch as an inference), req/s, latency percentiles and
+    its own CPU in cores. perf_analyzer ends non-zero on any failed request, which counts as lost."""
+    import resource
+
+    grpc = args.protocol == "v2-grpc"
+    table = folder / "perf_analyzer.csv"
+    command = [binary, "-m", model, "-i", "grpc" if grpc else "http",
+               "-u", f"127.0.0.1:{args.grpc_port if grpc else args.port}", "-b", str(args.npy_batch),
+               "--concurrency-range", str(args.clients), "--measurement-interval", str(int(1000 * args.seconds)),
+               "--stability-percentage", "25", "--max-trials", "6", "-f", str(table)]
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=20 * args.seconds + 120)
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    print(done.stdout[-3000:], file=sys.stderr)
+    if done.returncode != 0 or not table.exists():
+        raise SystemExit(f"perf_analyzer ended with {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
+    import csv
+
+    last = list(csv.DictReader(table.read_text().splitlines()))[-1]
+    ips = float(last["Inferences/Second"])
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"img_s": ips, "req_s": ips / args.npy_batch, "p50_ms": float(last["p50 latency"]) / 1e3,
+            "p90_ms": float(last["p90 latency"]) / 1e3, "p99_ms": float(last["p99 latency"]) / 1e3,
+            "client_cores": cpu / wall, "lost": 0, "answered": None, "body_mb_s": None, "client": "perf_analyzer"}
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -537,6 +567,8 @@ def start_service(path: str, port: int, args: argparse.Namespace, body_bytes: in
         command += ["--ingress-procs", str(args.ingress_procs)]
     if args.protocol == "v2-grpc":
         command += ["--grpc-port", str(args.grpc_port)]
+    if args.perf_analyzer and args.pixels:  # its random inputs take the datatype the metadata states
+        command += ["--input-datatype", "UINT8"]
     proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     lines = []
@@ -655,17 +687,22 @@ def main() -> None:
                         help="lenet fast_split on actors/cpu2.yaml: 4 clients, 16-image requests, 4 s, a kill at 1 s")
     parser.add_argument("--cpu-top", type=int, default=12,
                         help="processes listed by the CPU they used during the load (busiest_processes)")
+    parser.add_argument("--perf-analyzer", metavar="BINARY",
+                        help="v2 protocols: Triton's perf_analyzer at this path sends the load instead of this "
+                             "script's clients (random inputs, answers not checked; --clients in flight)")
     parser.add_argument("--out", help="write the row as JSON")
     args = parser.parse_args()
     if args.smoke:
         args.clients, args.client_procs, args.seconds, args.npy_batch, args.offline_images = 4, 2, 4.0, 16, 2000
-        if args.kill_replica_after is None:
+        if args.kill_replica_after is None and not args.perf_analyzer:
             args.kill_replica_after = 1.0
     for name in ("clients", "client_procs", "npy_batch", "distinct"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.client_procs > args.clients:
         parser.error(f"--client-procs {args.client_procs} is more than --clients {args.clients}")
+    if args.perf_analyzer and (args.protocol == "v1" or args.kill_replica_after is not None):
+        parser.error("--perf-analyzer speaks the v2 protocols (--protocol v2-http or v2-grpc), without a fault")
     if args.protocol != "v1" and args.jpeg:
         parser.error("--jpeg is /v1/predict's: the v2 protocol sends tensors (--npy-batch, --pixels)")
     with tempfile.TemporaryDirectory() as tmp:
@@ -682,7 +719,12 @@ def main() -> None:
             url = f"http://127.0.0.1:{port}"
             counts = replica_state(url)
             before, started = Snapshot.take(), time.perf_counter()
-            tally, wall, fault, cpu = load_everywhere(url, bodies, args, figures["tolerance"])
+            if args.perf_analyzer:
+                measured = perf_analyzer_load(args.perf_analyzer, figures["model"], args, Path(tmp))
+                tally, wall, fault, cpu = Tally(), time.perf_counter() - started, {}, 0.0
+            else:
+                measured = {}
+                tally, wall, fault, cpu = load_everywhere(url, bodies, args, figures["tolerance"])
             processes = busiest(before, Snapshot.take(), time.perf_counter() - started, top=args.cpu_top)
             after = replica_state(url)
             fills, streams = call_fill(counts, after), stream_use(counts, after, time.perf_counter() - started)
@@ -703,6 +745,7 @@ def main() -> None:
         "exit_line": last, "service": ready, "tuned_batch": figures["batch"], "busiest_processes": processes,
         "images_per_call": fills, "stream_during_load": streams, "phases": tally.phase_summary(),
     }
+    row.update(measured)  # perf_analyzer's own figures in place of the tally's
     if "offline_ips" in figures:
         row.update(offline_ips=figures["offline_ips"], served_over_offline=row["img_s"] / figures["offline_ips"])
     else:

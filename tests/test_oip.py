@@ -4,6 +4,7 @@ status with one line naming the fix; the gRPC messages read by tritonclient's ow
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -55,6 +56,9 @@ def test_metadata_and_config_say_the_model_with_a_variable_batch():
     config = INFO.config()
     assert config["max_batch_size"] == 64 and config["input"][0]["dims"] == [3, 32, 32]
     assert "binary_tensor_data" in INFO.server_metadata("0.1.0")["extensions"]
+    pixels = dataclasses.replace(INFO, datatype="UINT8")  # serve --input-datatype UINT8: clients send pixels
+    assert pixels.metadata()["inputs"][0]["datatype"] == "UINT8" and pixels.config()["input"][0]["data_type"] == \
+        "TYPE_UINT8" and config["input"][0]["data_type"] == "TYPE_FP32"
     INFO.check("cifarnet", None)
     INFO.check("cifarnet", "1")
     assert "serves 'cifarnet'" in refused(404, INFO.check, "resnet18", None)

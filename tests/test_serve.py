@@ -206,7 +206,7 @@ def test_bad_options_and_a_port_in_use_are_one_line():
     for kwargs, flag in [({"port": 0}, "--port"), ({"max_queue": 0}, "--max-queue"), ({"batch_wait_ms": -1},
                          "--batch-wait-ms"), ({"max_body_mb": 0}, "--max-body-mb"), ({"drain_s": -2}, "--drain-s"),
                          ({"metrics_port": 70000}, "--metrics-port"), ({"ingress_procs": 0}, "--ingress-procs"),
-                         ({"ingress_procs": 17}, "--ingress-procs")]:
+                         ({"ingress_procs": 17}, "--ingress-procs"), ({"input_datatype": "INT8"}, "--input-datatype")]:
         with pytest.raises(UserError, match=re.escape(flag)):
             ServiceOptions("c.yaml", **kwargs).check()
     with socket.socket() as busy:

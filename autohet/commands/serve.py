@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="also serve the Open Inference Protocol's gRPC service on this port (Triton's is 8001; "
                         "default: not served)")
     p.add_argument("--name", help="the model's name in the Open Inference Protocol (default: the config's model)")
+    p.add_argument("--input-datatype", default="FP32", type=str.upper,
+                   help="the input's datatype in the protocol's metadata: FP32 (model inputs) or UINT8 (pixels, scaled "
+                        "by the config's preprocess); both are taken either way (default FP32)")
     p.add_argument("--metrics-port", type=int,
                    help="port of Ray's Prometheus metrics on this node (default: Ray's choice, printed at start)")
     p.set_defaults(func=main)
@@ -52,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         config=args.config, host=args.host, port=args.port, address=args.address, batch_wait_ms=args.batch_wait_ms,
         max_queue=args.max_queue, max_body_mb=args.max_body_mb, drain_s=args.drain_s,
         request_timeout_s=args.request_timeout_s, metrics_port=args.metrics_port, ingress_procs=args.ingress_procs,
-        grpc_port=args.grpc_port, name=args.name))
+        grpc_port=args.grpc_port, name=args.name, input_datatype=args.input_datatype))
     try:
         try:
             service.start()

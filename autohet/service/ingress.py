@@ -49,6 +49,7 @@ class IngressSettings:
     service: str = ""  # names its shared-memory bodies, for the driver to remove them at the end
     name: str = ""  # the model's name in the Open Inference Protocol (default: the config's model)
     grpc_port: int | None = None  # the protocol's gRPC service listens here too (None: not served)
+    input_datatype: str = "FP32"  # what the protocol's metadata says the input is (both are taken)
 
 
 class Ingress(OipEndpoints):

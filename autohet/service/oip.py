@@ -4,11 +4,13 @@ shared by the REST endpoints and the gRPC service (``oip_grpc``).
 
 The served model has one input, ``input`` (N, C, H, W): ``FP32`` model inputs, or ``UINT8`` pixels
 scaled by the config's preprocess mean and std on the replica; its metadata says FP32 (one datatype per
-input), UINT8 is taken as well. One output, ``logits`` (N, classes), ``FP32``. The batch dimension is
-``-1``. REST requests carry tensors in JSON (``data``) or, with the binary tensor data extension, after
-a JSON header of ``Inference-Header-Content-Length`` bytes (``binary_data_size``); an answer's logits
-are binary where the request asks (``binary_data`` on the output, or ``binary_data_output``). Every
-refusal is a ``BadRequest`` (status, one line naming the fix), answered as ``{"error": ...}``.
+input; ``--input-datatype UINT8`` says pixels, so that clients that generate inputs from it, perf_analyzer
+among them, send pixels), and both are taken whatever it says. One output, ``logits`` (N, classes),
+``FP32``. The batch dimension is ``-1``. REST requests carry tensors in JSON (``data``) or, with the
+binary tensor data extension, after a JSON header of ``Inference-Header-Content-Length`` bytes
+(``binary_data_size``); an answer's logits are binary where the request asks (``binary_data`` on the
+output, or ``binary_data_output``). Every refusal is a ``BadRequest`` (status, one line naming the
+fix), answered as ``{"error": ...}``.
 """
 
 from __future__ import annotations
@@ -38,27 +40,29 @@ _SERVER_PATHS = {"/v2": "server", "/v2/health/live": "live", "/v2/health/ready":
 @dataclass(frozen=True)
 class ModelInfo:
     """What the protocol says of the served model: its ``name`` (the config's model, or ``--name``), input
-    shape without the batch, classes, and the largest batch a replica runs at once."""
+    shape without the batch, classes, the largest batch a replica runs at once, and the input's datatype
+    its metadata states (``DATATYPES``; either is taken)."""
 
     name: str
     input_shape: tuple[int, ...]
     classes: int
     max_batch: int
     version: str = MODEL_VERSION
+    datatype: str = "FP32"
 
     def server_metadata(self, server_version: str) -> dict[str, Any]:
         return {"name": "autohet", "version": server_version, "extensions": list(EXTENSIONS)}
 
     def metadata(self) -> dict[str, Any]:
         return {"name": self.name, "versions": [self.version], "platform": "autohet",
-                "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, *self.input_shape]}],
+                "inputs": [{"name": INPUT, "datatype": self.datatype, "shape": [-1, *self.input_shape]}],
                 "outputs": [{"name": OUTPUT, "datatype": "FP32", "shape": [-1, self.classes]}]}
 
     def config(self) -> dict[str, Any]:
         """Triton's model configuration (its ``model_configuration`` extension), which perf_analyzer reads
         for the batch it may send."""
         return {"name": self.name, "platform": "autohet", "max_batch_size": self.max_batch,
-                "input": [{"name": INPUT, "data_type": "TYPE_FP32", "dims": list(self.input_shape)}],
+                "input": [{"name": INPUT, "data_type": f"TYPE_{self.datatype}", "dims": list(self.input_shape)}],
                 "output": [{"name": OUTPUT, "data_type": "TYPE_FP32", "dims": [self.classes]}]}
 
     def check(self, name: str, version: str | None) -> None:

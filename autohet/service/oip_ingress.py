@@ -67,7 +67,7 @@ class OipEndpoints:
     async def model_info(self) -> oip.ModelInfo:
         await self.learn()
         return oip.ModelInfo(self.settings.name or self.settings.model, tuple(self.settings.input_shape),
-                             int(self.classes), max(self.batches))
+                             int(self.classes), max(self.batches), datatype=self.settings.input_datatype)
 
     async def ready(self) -> str | None:
         """None once every replica answers (within ``INFO_TIMEOUT_S``), else why not."""

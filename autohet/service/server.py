@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from autohet.config import RunConfig
 from autohet.core.errors import UserError
 from autohet.service.http_messages import bind_shared
+from autohet.service.oip import DATATYPES
 
 if TYPE_CHECKING:
     from autohet.service.plan import ReplicaSpec
@@ -52,6 +53,7 @@ class ServiceOptions:
     ingress_procs: int | None = None  # None: by the cores the config leaves free (``ingress_count``)
     grpc_port: int | None = None  # the Open Inference Protocol's gRPC service (None: not served)
     name: str | None = None  # the model's name in the protocol (None: the config's model)
+    input_datatype: str = "FP32"  # the input's datatype in the protocol's metadata (both are taken)
 
     def check(self) -> None:
         ports = (("--port", self.port), ("--metrics-port", self.metrics_port), ("--grpc-port", self.grpc_port))
@@ -60,6 +62,8 @@ class ServiceOptions:
                 raise UserError(f"{flag} must be a TCP port between 1 and 65535, got {port}")
         if self.grpc_port is not None and self.grpc_port in (self.port, self.metrics_port):
             raise UserError(f"--grpc-port {self.grpc_port} is another flag's port too; give it a port of its own")
+        if self.input_datatype not in DATATYPES:
+            raise UserError(f"--input-datatype {self.input_datatype!r}: give one of {', '.join(DATATYPES)}")
         if self.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.name):
             raise UserError(f"--name {self.name!r}: use letters, digits, '_', '.' and '-' (it is a URL path part)")
         if self.batch_wait_ms < 0:
@@ -175,7 +179,8 @@ class Service:
         self.queue_share = max(1, opts.max_queue // self.ingresses)
         settings = IngressSettings(opts.host, opts.port, config.model.name, shape, prep, self.queue_share,
                                    opts.max_body, busy, max(1, free // self.ingresses), opts.request_timeout_s,
-                                   self.service_tag, opts.name or config.model.name, opts.grpc_port)
+                                   self.service_tag, opts.name or config.model.name, opts.grpc_port,
+                                   opts.input_datatype)
         app = build_app(config, specs, settings, self.ingresses, opts.batch_wait_ms / 1000.0, driver_node)
         try:
             self.ingress = serve.run(app, name=APP_NAME, route_prefix=None, logging_config=_QUIET)
