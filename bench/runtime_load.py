@@ -71,9 +71,11 @@ def streamed(path: str, images: int, batch: int | None, window: int | None = Non
         pixels, pixels_cold = stream_ips(runner, images, size, pixels=True, stacks=stacks)
         how = {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
                "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
-               "served": runner.describe()["served"], "executors": executors}
+               "served": runner.describe()["served"], "executors": executors,
+               "pixels_executors": _executor_shares(runner)}
         if _has_cuda():  # float32 from page-locked memory: a GPU reads it where it lies
             how["pinned_ips"] = stream_ips(runner, images, size, stacks=stacks, pinned=True)[0]
+            how["pinned_executors"] = _executor_shares(runner)
         return steady, how
 
 
@@ -220,9 +222,12 @@ def main() -> None:
             run_ips = float("nan") if args.no_run else measured_run(config, images)
             load_ips, how = streamed(path, images, args.batch, args.window, args.stacks)
             rounds.append((run_ips, load_ips, how))
-            lanes = "".join(f"; {name} {f['images']} images, busy {f['busy_s']:.3f} s, staging {f['stage_s']:.3f} s, "
-                            f"starting {f['launch_s']:.3f} s, device {f['device_s']:.3f} s"
-                            for name, f in how["executors"].items())  # where a slow round's loss sits
+            lanes = "".join(f"; {kind} {name} {f['images']} images, busy {f['busy_s']:.3f} s, staging "
+                            f"{f['stage_s']:.3f} s, starting {f['launch_s']:.3f} s, device {f['device_s']:.3f} s, "
+                            f"started {f['first_start_s'] or 0:.3f} s, last done {f['last_end_s'] or 0:.3f} s"
+                            for kind, key in (("float32", "executors"), ("pixels", "pixels_executors"),
+                                              ("page-locked", "pinned_executors"))
+                            for name, f in how.get(key, {}).items())  # where a slow round's loss sits
             pinned = f", float32 page-locked {how['pinned_ips']:.0f} ({how['pinned_ips'] / run_ips:.3f}x)" \
                 if "pinned_ips" in how else ""
             print(f"round {k + 1}: run {run_ips:.0f} img/s, float32 stream {load_ips:.0f} ({load_ips / run_ips:.3f}x)"
