@@ -149,6 +149,40 @@ def test_the_grpc_load_client_retries_the_services_unavailable_and_loses_a_broke
         assert broken_transport(core)
 
 
+def test_perf_analyzer_as_the_load_is_asked_for_the_protocol_and_read_from_its_last_window(tmp_path) -> None:
+    """``serve_load --perf-analyzer``: the binary gets the model, protocol, port, batch and requests in
+    flight; its last measurement window gives img/s (every image of a batch an inference), req/s and
+    latencies in ms; a run that ends non-zero is an error naming it, never figures. A shell script
+    stands in for perf_analyzer (it writes the CSV that ``-f`` names, as perf_analyzer does)."""
+    import argparse
+    import stat
+
+    from bench.serve_load import perf_analyzer_load
+
+    fake = tmp_path / "perf_analyzer"
+    fake.write_text("#!/bin/sh\n"
+                    "echo \"$@\" > \"$(dirname \"$0\")/args\"\n"
+                    "while [ $# -gt 0 ]; do [ \"$1\" = -f ] && f=$2; shift; done\n"
+                    "printf 'Concurrency,Inferences/Second,p50 latency,p90 latency,p99 latency\\n"
+                    "8,1000,9000,11000,15000\\n8,1280,8000,10000,12000\\n' > \"$f\"\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    args = argparse.Namespace(protocol="v2-grpc", port=8000, grpc_port=8001, npy_batch=64, clients=8, seconds=2.0)
+    got = perf_analyzer_load(str(fake), "resnet18", args, tmp_path)
+    sent = (tmp_path / "args").read_text().split()
+    for flag, value in (("-m", "resnet18"), ("-i", "grpc"), ("-u", "127.0.0.1:8001"), ("-b", "64"),
+                        ("--concurrency-range", "8"), ("--measurement-interval", "2000")):
+        assert sent[sent.index(flag) + 1] == value, (flag, sent)
+    assert got["img_s"] == pytest.approx(1280) and got["req_s"] == pytest.approx(20)  # the last window's
+    assert (got["p50_ms"], got["p90_ms"], got["p99_ms"]) == pytest.approx((8.0, 10.0, 12.0))
+    args.protocol = "v2-http"
+    perf_analyzer_load(str(fake), "resnet18", args, tmp_path)
+    sent = (tmp_path / "args").read_text().split()
+    assert sent[sent.index("-i") + 1] == "http" and sent[sent.index("-u") + 1] == "127.0.0.1:8000"
+    fake.write_text("#!/bin/sh\necho 'Failed to retrieve results from inference request.' >&2\nexit 99\n")
+    with pytest.raises(SystemExit, match="perf_analyzer ended with 99: Failed to retrieve"):
+        perf_analyzer_load(str(fake), "resnet18", args, tmp_path / "none")
+
+
 def test_the_stack_sampler_names_where_each_thread_waits() -> None:
     """``bench/_stacks.py`` (``runtime_load --stacks``): a thread parked in a known function shows under
     its group (a pool's numbered threads as one), with that function among its stacks and its cores."""

@@ -485,6 +485,22 @@ def test_a_chunk_whose_replica_dies_is_cut_again_for_the_others_and_nothing_is_l
     assert alone.handles[0].calls == [4, 4, 4, 4]
 
 
+def test_the_protocols_metadata_states_the_input_datatype_the_service_was_started_with():
+    """``serve --input-datatype UINT8`` reaches every ingress's model description (what REST's and gRPC's
+    metadata and model configuration answer from); FP32 is the default."""
+    import asyncio
+    import dataclasses
+
+    from autohet.service.app import Ingress, IngressSettings
+
+    settings = IngressSettings("127.0.0.1", 0, "lenet", LENET, preprocessing_for(LENET, None, "t"), 4, 1 << 20,
+                               frozenset(), 1, 60.0)
+    for given, said in ((settings, "FP32"), (dataclasses.replace(settings, input_datatype="UINT8"), "UINT8")):
+        info = asyncio.run(Ingress(given, only=FakeReplica("only", 4, 1.0)).model_info())
+        assert info.metadata()["inputs"][0]["datatype"] == said and info.config()["input"][0]["data_type"] == \
+            f"TYPE_{said}"
+
+
 def test_a_request_not_answered_within_its_timeout_gets_a_408_and_leaves_the_queue():
     """The ingress's own HTTP path (its listener's application): a request admitted on its head counts
     in flight; a replica that does not answer within ``request_timeout_s`` gives a 408 with a one-line
