@@ -1,4 +1,4 @@
-"""Shared bits of the benchmarks: machine description and result tables."""
+"""Shared bits of the benchmarks: machine description, result tables, a child's environment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["describe_machine", "emit"]
+__all__ = ["compile_cache_env", "describe_machine", "emit"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def compile_cache_env(cache: str) -> dict[str, str]:
+    """This environment for a child process that imports this checkout and compiles into ``cache`` alone
+    (inductor's and Triton's caches, and autohet's own)."""
+    return dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=str(Path(cache) / "triton"),
+                AUTOHET_COMPILE_CACHE=cache,
+                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
 
 
 def describe_machine() -> str:

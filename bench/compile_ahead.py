@@ -21,15 +21,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _env(cache: str) -> dict[str, str]:
-    return dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=str(Path(cache) / "triton"),
-                AUTOHET_COMPILE_CACHE=cache,
-                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
+from bench._common import REPO, compile_cache_env
 
 
 def compile_settings(model: str, batches: list[int]) -> None:
@@ -83,7 +76,7 @@ def one_model(model: str, args: argparse.Namespace) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as warm, tempfile.TemporaryDirectory() as cold:
         side = subprocess.Popen(["taskset", "-c", ",".join(map(str, others)), sys.executable, "-m",
                                  "bench.compile_ahead", "--side", model, "--ahead", args.ahead],
-                                cwd=REPO, env=_env(warm), stdout=subprocess.PIPE, text=True)
+                                cwd=REPO, env=compile_cache_env(warm), stdout=subprocess.PIPE, text=True)
         started, during = time.perf_counter(), []
         while side.poll() is None:
             during.append(trial_ips(net, x, min(args.seconds, 2.0)))
@@ -99,7 +92,7 @@ def one_model(model: str, args: argparse.Namespace) -> dict[str, float]:
             for label, cache in (("warm", warm), ("cold", cold)):
                 done = subprocess.run(["taskset", "-c", ",".join(map(str, others)), sys.executable, "-m",
                                        "bench.compile_ahead", "--side", model, "--ahead", str(batch)],
-                                      cwd=REPO, env=_env(cache), capture_output=True, text=True)
+                                      cwd=REPO, env=compile_cache_env(cache), capture_output=True, text=True)
                 if done.returncode != 0:
                     raise SystemExit(f"{model} b{batch} {label}: {done.stderr[-2000:]}")
                 row[f"b{batch}_{label}_setup_s"] = json.loads(done.stdout.strip().splitlines()[-1])["compile_s"]

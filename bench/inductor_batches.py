@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from bench._common import REPO, compile_cache_env
 
 
 def one_mode(model: str, mode: str, batches: list[int], iters: int) -> list[dict[str, float]]:
@@ -78,12 +76,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as static_cache, tempfile.TemporaryDirectory() as dynamic_cache:
             for mode, cache in (("static", static_cache), ("dynamic", dynamic_cache), ("static, warm cache",
                                                                                         static_cache)):
-                env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TRITON_CACHE_DIR=str(Path(cache) / "triton"),
-                           AUTOHET_COMPILE_CACHE=cache, PYTHONPATH=os.pathsep.join(
-                               p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
                 done = subprocess.run([sys.executable, "-m", "bench.inductor_batches", "--child", model, mode,
                                        "--batches", args.batches, "--iters", str(args.iters)],
-                                      cwd=REPO, env=env, capture_output=True, text=True)
+                                      cwd=REPO, env=compile_cache_env(cache), capture_output=True, text=True)
                 if done.returncode != 0:
                     raise SystemExit(f"{model} {mode}: {done.stderr[-2000:]}")
                 results[mode] = json.loads(done.stdout.strip().splitlines()[-1])
