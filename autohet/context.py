@@ -16,6 +16,7 @@ from autohet.core.measurement import ExecutorReport, Measurement, percentile
 from autohet.core.models import ModelSpec, build_model
 from autohet.core.objectives import RUN_MODES, RunMode
 from autohet.core.workload import Workload
+from autohet.pool.standalone import spread
 
 if TYPE_CHECKING:
     from autohet.pool import Pool
@@ -53,7 +54,7 @@ class RunContext:
     on_event: Callable[[Any], None] | None = None
     mode: RunMode = RunMode.THROUGHPUT
     latency_runs: int = 50
-    standalone_provider: Callable[[Pool, int], list[float]] | None = None
+    standalone_provider: Callable[[Pool, int, list[int] | None], list[float]] | None = None
     deadline_s: float | None = None
     lookahead: bool = True  # GPUs get their next unit while the current one drains (off: for A/B benches)
     progress: Callable[[int, int], None] | None = None
@@ -65,13 +66,14 @@ class RunContext:
             raise ValueError(f"mode must be one of {', '.join(RUN_MODES)}, got {self.mode!r}")
         self.mode = RunMode(self.mode)
 
-    def standalone(self, pool: Pool) -> list[float]:
+    def standalone(self, pool: Pool, used: list[int] | None = None) -> list[float]:
         """Each executor's standalone throughput: measured now, or by the provider (the tuner
-        measures once per executor configuration and reuses it)."""
+        measures once per executor configuration and reuses it). ``used``: only those executors (a
+        single's one: the others, given no image, count 0 towards its limit), None: all."""
         share = max(1, self.workload.images // max(1, len(pool)))
         if self.standalone_provider is not None:
-            return self.standalone_provider(pool, share)
-        return pool.standalone_ips(self.standalone_seconds, share)
+            return self.standalone_provider(pool, share, used)
+        return spread(pool.standalone_ips(self.standalone_seconds, share, used), used, len(pool))
 
     def with_images(self, images: int) -> RunContext:
         """The same context over the first ``images`` images of the same bank (reference kept)."""

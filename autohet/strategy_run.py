@@ -17,6 +17,7 @@ from autohet.core.objectives import RunMode
 from autohet.platform.gc_control import settle
 from autohet.platform.meter import EnergyMeter, EnergyResult
 from autohet.platform.sensors import Sources, default_sources
+from autohet.pool.standalone import spread
 from autohet.strategies import get_strategy
 
 if TYPE_CHECKING:
@@ -69,9 +70,11 @@ def run_strategy(strategy_name: str, params: dict[str, Any], pool: Pool, ctx: Ru
     meter = meter if meter is not None else EnergyMeter(energy_sources(pool.spec))
     measured = ctx.standalone_provider
 
-    def standalone(p: Pool, share: int) -> list[float]:  # not the run's energy
+    def standalone(p: Pool, share: int, used: list[int] | None) -> list[float]:  # not the run's energy
         with meter.excluded():
-            return measured(p, share) if measured is not None else p.standalone_ips(ctx.standalone_seconds, share)
+            if measured is not None:
+                return measured(p, share, used)
+            return spread(p.standalone_ips(ctx.standalone_seconds, share, used), used, len(p))
 
     settle()  # this process's collector (the driver's, and in-process executors' and engines') out of the run
     with meter:

@@ -55,6 +55,24 @@ def test_local_pool_runs_fast_split_with_output_check(lenet_workload):
     assert not m.simulated
 
 
+def test_a_singles_limit_is_its_own_executors_figure_and_the_other_is_not_measured(lenet_workload):
+    """A single's limit used to be the pool's summed standalone figures (efficiency 0.497 on two GPUs,
+    BENCHMARKS.md 39), and measuring them set up every other executor at the single's settings."""
+    pool = LocalPool(load_pool("actors/cpu2.yaml"))
+    measured: list[list[int] | None] = []
+
+    def provider(p, share, used):
+        measured.append(used)
+        return [0.0 if used is not None and i not in used else 1e9 + i for i in range(len(p))]  # above the run
+
+    m = run_strategy("single", {"executor": 1}, pool, RunContext(ModelSpec("lenet"), lenet_workload,
+                                                                 standalone_provider=provider))
+    assert measured == [[1]] and m.output_ok
+    assert m.limit_ips == pytest.approx(1e9 + 1)
+    assert [e.standalone_ips for e in m.executors] == pytest.approx([0, 1e9 + 1])
+    assert [e.images for e in m.executors] == [0, 500]
+
+
 def test_wrong_outputs_fail_the_check(lenet_workload):
     """A run whose outputs differ from the reference is reported invalid with its difference."""
     pool = LocalPool(load_pool("actors/cpu2.yaml"))
@@ -454,3 +472,40 @@ def test_a_compile_runs_on_every_core_of_the_process_and_the_thread_is_pinned_ag
     assert set(process_cores()) == cores
     assert seen["cores"] == cores and seen["workers"] == min(MAX_COMPILE_THREADS, len(cores))
     assert seen["after"] == {feeder}
+
+
+def test_a_compile_ahead_runs_on_the_cores_it_is_given_and_the_thread_is_pinned_again(monkeypatch) -> None:
+    """An idle GPU's executor compiling a setting ahead (``prepare_ahead``) must leave the core that feeds
+    the GPU being measured alone: its compile, workers and all, runs on the cores the manager gives it."""
+    import torch._inductor.config as inductor_config
+
+    from autohet.executors.compiled import compile_module, compiling_on
+    from autohet.executors.cpu import pin_thread
+
+    cores = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
+    if len(cores) < 2 or not hasattr(os, "sched_setaffinity"):
+        pytest.skip("needs a process of two cores or more that can pin threads")
+    feeder, other = sorted(cores)[:2]
+    seen: dict[str, object] = {}
+
+    class Probe(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen["cores"], seen["workers"] = os.sched_getaffinity(0), inductor_config.compile_threads
+            return x
+
+    monkeypatch.setattr(torch, "compile", lambda module, **_: module)
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+
+    def executor_thread() -> None:
+        pin_thread((feeder,))
+        with compiling_on(frozenset({other})):
+            compile_module(Probe(), "default", torch.zeros(1))
+        seen["ahead"] = dict(seen)
+        compile_module(Probe(), "default", torch.zeros(1))  # outside it: the process's cores again
+        seen["after"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=executor_thread)
+    thread.start()
+    thread.join()
+    assert seen["ahead"]["cores"] == {other} and seen["ahead"]["workers"] == 1
+    assert seen["cores"] == cores and seen["after"] == {feeder}

@@ -106,7 +106,8 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     _, back, _ = manager.acquire({}, {})  # the first topology again: every actor found alive
     assert back == first.actors and len(FakePool.made[-1].adopted) == 9
     assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
-                               "actors_released": 0, "standalone_measured": 3}
+                               "actors_released": 0, "standalone_measured": 3, "compiled_ahead": 0,
+                               "compiled_ahead_s": 0, "ahead_waited_s": 0}
 
 
 def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
@@ -217,8 +218,13 @@ def test_a_single_sets_up_its_executor_alone_and_the_others_before_they_run(nine
     assert pool.pushed[-1] == [3] and pool.measured[-1] == [3]  # set up already: nothing pushed again
     manager.standalone_of(5, 0.1)  # same class as 3: its figure is known, but 5 gets the params first
     assert pool.pushed[-1] == [5]
-    manager.standalone(0.1, None)  # every executor may run: the rest get the params before measuring
-    assert pool.pushed[-1] == [0, 1, 2, 4, 6, 7, 8] and pool.unconfigured == set()
+    # every executor's figure: only the one measured (gpu0's new class) gets the params before it; the rest
+    # keep waiting for a run that uses them (a GPU meanwhile compiling ahead is left to it)
+    figures = manager.standalone(0.1, None)
+    assert pool.pushed[-1] == [0] and pool.unconfigured == {1, 2, 4, 6, 7, 8} and len(figures) == 9
+    single = manager.standalone(0.1, None, used=[3])
+    assert single == [0.0] * 3 + [10.0] + [0.0] * 5  # exact: the fake's figures, a single's own alone
+    assert pool.pushed[-1] == [0]
     manager.acquire({}, changed)  # a trial over every executor: all of them (a no-op where unchanged)
     assert pool.pushed[-1] == list(range(9))
     manager.acquire({}, {"gpu": {"batch": 256}}, only=[])  # an engine family: no executor actor runs
@@ -386,3 +392,92 @@ def test_an_estimated_busy_time_is_labelled_in_the_metrics_and_the_report() -> N
     text = report(m)
     assert "~1" in text and "estimated from a few timed frames" in text
     assert m.to_dict()["executors"][1]["busy_estimated"] is True
+
+
+class FakeAhead:
+    """Records the ahead work the manager starts and waits for; each job "compiled" for 2 s."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[Any, dict[str, Any], frozenset[int]]] = []
+        self.waited: list[int] = []
+
+    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> int:
+        self.started.append((actor, params, cores))
+        return len(self.started) - 1
+
+    def wait(self, handle: int) -> float:
+        self.waited.append(handle)
+        return 2.0
+
+
+@pytest.fixture
+def two_gpu_machine(monkeypatch: pytest.MonkeyPatch) -> PoolSpec:
+    """auto on a pretend 10-core machine with two GPUs: gpu0 and gpu1 fed by cores 0 and 1, two groups of four."""
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(10)), raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 2)
+    FakePool.made = []
+    return load_pool("actors/auto.yaml")
+
+
+_INDUCTOR = {"backend": "inductor", "batch": 256}
+_PLAN = [{"gpu": _INDUCTOR}, {"gpu": {**_INDUCTOR, "batch": 512}}]
+
+
+def _ahead_manager(base: PoolSpec, ahead: FakeAhead) -> PoolManager:
+    workload = Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64)
+    manager = PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool, kill=lambda _a: None,
+                          ahead=ahead, cores=frozenset(range(10)))
+    manager.plan_ahead(_PLAN)
+    return manager
+
+
+def test_an_idle_gpu_compiles_the_coming_settings_ahead_off_the_feeding_cores(two_gpu_machine: PoolSpec) -> None:
+    """Issue 46: a two-GPU tune's inductor compiles were 49.7 s of efficientnet_b0's acquiring, each run
+    while the other GPU idled (BENCHMARKS.md 39). While a single runs on gpu0, gpu1 compiles the plan's
+    settings in turn on the cores no GPU feeds; a trial that needs one waits for it, not compiling it again."""
+    assert [(e.kind, e.cores) for e in two_gpu_machine.executors][:2] == [("gpu", (0,)), ("gpu", (1,))]
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead)
+    manager.acquire({}, {})  # every executor runs: none is idle
+    assert ahead.started == []
+    _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    assert ahead.started == [(actors[1], _INDUCTOR, frozenset(range(2, 10)))]  # not cores 0 and 1
+    manager.standalone(0.1, 500, used=[0])  # the single's limit after its run: gpu0's alone, gpu1 left to its job
+    assert ahead.waited == [] and FakePool.made[-1].measured[-1] == [0]
+    manager.acquire({}, {"gpu": {"backend": "cudagraphs"}}, only=[0])  # needs nothing gpu1 holds
+    assert ahead.waited == [] and len(ahead.started) == 1  # gpu1 still busy: no second job on it
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # the setting gpu1 compiles: waited for, then the next
+    assert ahead.waited == [0] and ahead.started[1] == (actors[1], {**_INDUCTOR, "batch": 512},
+                                                          frozenset(range(2, 10)))
+    together, _, _ = manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # another topology: waits
+    assert ahead.waited == [0, 1] and [e.kind for e in together.executors] == ["gpu", "gpu"]
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])
+    assert len(ahead.started) == 2  # the plan is done: each setting compiled once
+    stats = manager.stats()
+    assert (stats["compiled_ahead"], stats["compiled_ahead_s"]) == (2, 4)
+
+
+def test_a_trial_on_a_cpu_group_or_an_engine_waits_for_the_ahead_work_and_starts_none(
+        two_gpu_machine: PoolSpec) -> None:
+    """Ahead compiles run on the CPU groups' cores: a trial measured there must not share them; an engine
+    family (no actor runs: ``only`` is empty) runs on the devices themselves."""
+    for trial in ([2], []):
+        ahead = FakeAhead()
+        manager = _ahead_manager(two_gpu_machine, ahead)
+        manager.acquire({}, {}, only=[0])
+        assert len(ahead.started) == 1
+        manager.acquire({}, {"cpu": {"batch": 8}}, only=trial)
+        assert ahead.waited == [0] and len(ahead.started) == 1
+
+
+def test_a_setting_a_trial_set_up_is_not_compiled_ahead_and_one_gpu_has_no_idle_gpu(
+        two_gpu_machine: PoolSpec, nine_core_gpu_machine: PoolSpec) -> None:
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead)
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # the first planned setting, set up by the trial
+    assert [params for _, params, _ in ahead.started] == [{**_INDUCTOR, "batch": 512}]
+    ahead = FakeAhead()
+    manager = _ahead_manager(nine_core_gpu_machine, ahead)
+    for only in (None, [0], [3]):
+        manager.acquire({}, {}, only=only)
+    assert ahead.started == []  # one GPU: a single on a CPU group leaves it idle, but the cores are the group's

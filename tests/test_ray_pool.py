@@ -15,6 +15,7 @@ from autohet.executors import ExecutorSpec
 from autohet.pool import PoolSpec, RayPool, load_pool
 from autohet.strategies._driver import RAISE_MARGIN
 from autohet.strategy_run import run_strategy
+from autohet.tuning.ahead import RayAhead
 from tests.numerics import assert_run_fp32_close
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # actors start in 5-20 s each on the 2-core box
@@ -45,6 +46,11 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
         assert pool.actors == first
         assert m.output_ok
         assert all(e["batch"] == 8 for e in ray_local.get([a.configure.remote({}) for a in pool.actors]))
+        # an idle executor set up ahead (``autohet.tuning.ahead``) holds that setting until the pool's next push
+        runner = RayAhead()
+        job = runner.start(pool.actors[1], {"batch": 4}, frozenset(pool.spec.executors[1].cores))
+        assert runner.wait(job) == 0.0  # exact: eager compiles nothing
+        assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
     finally:
         pool.shutdown()
 

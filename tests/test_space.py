@@ -509,9 +509,9 @@ def test_a_malformed_cpu_flags_override_is_one_line(monkeypatch):
 
 def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(monkeypatch):
     """Issue 46: on an auto pool of two GPUs (and 14 cores: CPU groups beside them) stage one is the GPU
-    alone at each backend; then fifo and fast_split over the GPUs without the CPU groups
-    (``max_cpu_groups: 0``), in whole batches, at the best single's settings; then the GPU's other
-    batches, then the CPU group's singles, then the rest."""
+    alone at each backend, the one that compiles last (another GPU compiles it meanwhile); then fifo and
+    fast_split over the GPUs without the CPU groups (``max_cpu_groups: 0``), in whole batches, at the best
+    single's settings; then the GPU's other batches, then the CPU group's singles, then the rest."""
     import autohet.pool.spec as pool_spec_module
     from autohet.tuning.initial import Known, staged_points
     from autohet.tuning.manager import regroup
@@ -524,7 +524,10 @@ def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(m
     first = staged_points(space, pool)
     assert all(p["strategy"] == "single" and p["single.executor"] == 0 for p in first.singles)
     assert {p["exec.gpu.batch"] for p in first.singles} == {256}  # each backend at the pool's batch
-    assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "inductor", "cudagraphs"]
+    assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "cudagraphs", "inductor"]
+    # compiled ahead on the idle GPU, in the order needed: inductor's single, then the walk's first step up
+    gpu = {k.removeprefix("exec.gpu."): v for k, v in first.singles[-1].items() if k.startswith("exec.gpu.")}
+    assert first.ahead() == [{"gpu": gpu}, {"gpu": {**gpu, "batch": 512}}] and gpu["backend"] == "inductor"
     together, *walk = first.later()[:5]
     *walk, cpu_singles = walk
     assert [p["strategy"] for p in together.points] == ["fifo", "fast_split"]
@@ -555,3 +558,4 @@ def test_a_cpu_only_pool_has_no_max_cpu_groups_dim_and_no_gpus_together_stage(mo
     assert "max_cpu_groups" in space.pool and "max_cpu_groups" not in space.for_pool(pool).pool
     first = staged_points(space.for_pool(pool), pool)
     assert first.gpus_together == [] and not any("pool.max_cpu_groups" in p for p in first.all())
+    assert first.ahead() == []  # no idle GPU to compile on

@@ -178,15 +178,19 @@ def main(args: argparse.Namespace) -> int:
     cache = StandaloneCache()
     try:
         ctx = RunContext(model, workload, check_images=args.check_images, mode=mode,
-                         standalone_provider=lambda p, share: cache.measure(p, args.standalone_seconds, share,
-                                                                            progress=line.say),
+                         standalone_provider=lambda p, share, used: cache.measure(
+                             p, args.standalone_seconds, share, progress=line.say, used=used),
                          progress=line.images)
         ctx.deadline_s = args.timeout
         from autohet.strategies import get_strategy
 
-        if not mode.per_request and not get_strategy(strategy).on_engine:
+        chosen = get_strategy(strategy)
+        if not mode.per_request and not chosen.on_engine:
             pool.start(model, workload)
-            limit = sum(ctx.standalone(pool))  # measured before the run: the limit and the default timeout
+            checked = chosen.validate(chosen.defaults_for(pool.spec, params))
+            chosen.check_pool(pool, checked)  # a bad executor index is one line before anything is measured
+            used = chosen.executors_used(checked)
+            limit = sum(ctx.standalone(pool, used))  # measured before the run: the limit and the default timeout
             if ctx.deadline_s is None and limit > 0:
                 ctx.deadline_s = max(60.0, 10.0 * images / limit)
             line.start = time.perf_counter()

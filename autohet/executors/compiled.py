@@ -23,12 +23,12 @@ from autohet.executors.backends import BACKENDS
 from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
 from autohet.platform.cores import process_cores
 
-__all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "compiling_on_process_cores",
-           "cpu_flags", "graph_call", "native_cpu_bf16", "unsupported", "use_compile_cache"]
+__all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "compiling_on",
+           "compiling_on_process_cores", "cpu_flags", "graph_call", "native_cpu_bf16", "unsupported",
+           "use_compile_cache"]
 
 MAX_COMPILE_THREADS = 32  # inductor's own cap on its compile workers
-
-
+_compile_cores: frozenset[int] | None = None  # ``compiling_on``'s cores, while it holds
 
 
 def unsupported(kind: str, param: str, value: object) -> str | None:
@@ -80,6 +80,19 @@ def compile_module(module: torch.nn.Module, mode: str, example: torch.Tensor) ->
 
 
 @contextmanager
+def compiling_on(cores: frozenset[int]) -> Iterator[None]:
+    """The compiles inside on ``cores`` instead of every core of the process: an idle GPU's executor
+    compiling a setting ahead while another GPU's trial is measured (``autohet.tuning.ahead``) leaves
+    that GPU's feeding core alone."""
+    global _compile_cores
+    before, _compile_cores = _compile_cores, frozenset(cores)
+    try:
+        yield
+    finally:
+        _compile_cores = before
+
+
+@contextmanager
 def compiling_on_process_cores() -> Iterator[None]:
     """The calling thread moved onto every core of the process while it compiles, and inductor told to
     compile on as many workers (up to ``MAX_COMPILE_THREADS``, unless ``TORCHINDUCTOR_COMPILE_THREADS``
@@ -88,10 +101,12 @@ def compiling_on_process_cores() -> Iterator[None]:
     Inductor counts its compile workers from the calling thread's affinity, and its worker processes
     inherit that thread's pinning: an executor's thread pinned to its one feeder core compiled every
     kernel in turn. A new resnet18 batch took 11-13.5 s to set up on the H200x2 box, 5.7-7.6 s after
-    (BENCHMARKS.md 33, 34). A compile runs while the executor is set up, when no run is measured."""
-    cores = set(process_cores())
+    (BENCHMARKS.md 33, 34). A compile runs while the executor is set up, when no run of its own is
+    measured; inside ``compiling_on``, on those cores instead."""
+    given = _compile_cores is not None  # ahead work's cores: kept to even where they are one
+    cores = set(_compile_cores if given else process_cores())
     tid = threading.get_native_id()
-    if len(cores) < 2 or not hasattr(os, "sched_setaffinity"):
+    if not cores or (len(cores) < 2 and not given) or not hasattr(os, "sched_setaffinity"):
         yield
         return
     import torch._inductor.config as inductor_config

@@ -50,6 +50,14 @@ class ExecutorActor:
         settle()
         return self.executor.describe()
 
+    def prepare_ahead(self, params: dict[str, Any], cores: list[int]) -> dict[str, Any]:
+        """``configure`` with its compiles on ``cores`` (``compiling_on``): this idle executor sets up a
+        setting another executor's trial will need, while that trial runs (``autohet.tuning.ahead``)."""
+        from autohet.executors.compiled import compiling_on
+
+        with compiling_on(frozenset(cores)):
+            return self.configure(params)
+
     def set_workload(self, workload: Workload) -> None:
         self.executor.set_workload(workload)
 

@@ -14,13 +14,24 @@ from typing import Any
 
 from autohet.executors import ExecutorSpec
 
-__all__ = ["StandaloneCache", "executor_class"]
+__all__ = ["StandaloneCache", "executor_class", "spread"]
 
 
 def executor_class(spec: ExecutorSpec) -> ExecutorSpec:
     """The spec with what does not change its standalone speed blanked: its name and which cores
     (their count stays). Executors with equal classes share one standalone measurement."""
     return replace(spec, name="", cores=tuple(range(len(spec.cores))))
+
+
+def spread(figures: list[float], used: list[int] | None, executors: int) -> list[float]:
+    """Figures measured for the executors ``used`` (all where None) as one per executor of the pool,
+    0 for the others: executors a run gives no image add nothing to its limit."""
+    if used is None:
+        return list(figures)
+    out = [0.0] * executors
+    for i, value in zip(used, figures, strict=True):
+        out[i] = value
+    return out
 
 
 def _device(spec: ExecutorSpec) -> tuple:
@@ -36,24 +47,34 @@ class StandaloneCache:
     def __len__(self) -> int:
         return len(self.values)
 
-    def measure(self, pool: Any, seconds: float, max_images: int | None,
-                progress: Callable[[str], None] | None = None) -> list[float]:
-        """The pool's standalone figures, measuring only the first executor of each class not yet known."""
+    def due(self, pool: Any, max_images: int | None, used: list[int] | None = None) -> list[int]:
+        """The executors ``measure`` would measure: the first of each class not yet known (at this unit cap
+        or without one), among ``used`` (all where None)."""
         keys = [(executor_class(e), max_images) for e in pool.spec.executors]
         first: dict[tuple, int] = {}
-        for i, key in enumerate(keys):
-            uncapped = self.values.get((key[0], None))
-            if key not in self.values and uncapped is not None:
-                self.values[key] = uncapped  # measured without a cap (a single's executor, before its trial)
-            if key not in self.values:
-                first.setdefault(key, i)
-        for n, (key, index) in enumerate(first.items()):
+        for i in range(len(keys)) if used is None else used:
+            if keys[i] not in self.values and (keys[i][0], None) not in self.values:
+                first.setdefault(keys[i], i)
+        return list(first.values())
+
+    def measure(self, pool: Any, seconds: float, max_images: int | None,
+                progress: Callable[[str], None] | None = None, used: list[int] | None = None) -> list[float]:
+        """The pool's standalone figures, measuring only the ``due`` executors; with ``used``, those
+        executors' figures only (0 for the others, ``spread``)."""
+        keys = [(executor_class(e), max_images) for e in pool.spec.executors]
+        chosen = list(range(len(keys))) if used is None else used
+        due = self.due(pool, max_images, used)
+        for i in chosen:  # measured without a cap (a single's executor, before its trial)
+            uncapped = self.values.get((keys[i][0], None))
+            if keys[i] not in self.values and uncapped is not None:
+                self.values[keys[i]] = uncapped
+        for n, index in enumerate(due):
             if progress is not None:
-                same = sum(1 for k in keys if k == key)
-                progress(f"standalone {n + 1}/{len(first)}: {pool.names[index]}"
+                same = sum(1 for k in keys if k == keys[index])
+                progress(f"standalone {n + 1}/{len(due)}: {pool.names[index]}"
                          + (f" (and {same - 1} like it)" if same > 1 else ""))
-            self.values[key] = pool.standalone_ips(seconds, max_images, indices=[index])[0]
-        return [self.values[key] for key in keys]
+            self.values[keys[index]] = pool.standalone_ips(seconds, max_images, indices=[index])[0]
+        return spread([self.values[keys[i]] for i in chosen], used, len(keys))
 
     def measure_one(self, pool: Any, index: int, seconds: float) -> float:
         """One executor's standalone figure: the one known for its class (any unit cap), else measured

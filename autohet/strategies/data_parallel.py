@@ -94,8 +94,8 @@ class DataParallelStrategy(Strategy):
                        [e.batch for e in pool.spec.executors], ctx.deadline_s, ctx.lookahead,
                        progress=ctx.progress, hint=lambda: self.slow_hint(pool, params))
         # standalone figures: measured once per executor class (before the run by the CLI, right after
-        # it by the tuner, when nothing else competes for the devices)
-        standalone = ctx.standalone(pool)
+        # it by the tuner, when nothing else competes for the devices); a single's limit is its executor's
+        standalone = ctx.standalone(pool, self.executors_used(params))
         return drive_measurement(ctx, pool, self.name, params, result, standalone)
 
     def serve(self, pool: Pool, model: ModelSpec, params: dict[str, Any], mode: RunMode, sample: Workload) -> Served:

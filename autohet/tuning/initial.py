@@ -158,6 +158,28 @@ class FirstPoints:
     def all(self) -> list[dict[str, Any]]:
         return self.singles + [point for stage in self.later() for point in stage.points]
 
+    def ahead(self) -> list[dict[str, dict[str, Any]]]:
+        """On a pool of several GPUs, the GPU settings stage one will compile, in the order the tune needs
+        them (``autohet.tuning.ahead`` compiles them on an idle GPU meanwhile): each single whose backend
+        compiles, then the same at the batch walk's first step up. That step is filled with the best
+        single's backend, unknown yet: when a compiled backend wins, as inductor did in every two-GPU tune
+        (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does, only idle GPUs and cores
+        were spent on it."""
+        if not self.gpus_together:
+            return []
+        compiled = [_gpu_settings(p) for p in self.singles if "exec.gpu.backend" in p
+                    and backend(p["exec.gpu.backend"]).compiles]
+        larger = sorted(p["exec.gpu.batch"] for p in self.gpu_batches
+                        if isinstance(p.get("exec.gpu.batch"), int) and isinstance(self.gpu_batch, int)
+                        and p["exec.gpu.batch"] > self.gpu_batch)
+        step = [{"gpu": {**c["gpu"], "batch": larger[0]}} for c in compiled] if larger else []
+        return compiled + step
+
+
+def _gpu_settings(point: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A point's GPU executor params, by kind."""
+    return {"gpu": {k.removeprefix("exec.gpu."): v for k, v in point.items() if k.startswith("exec.gpu.")}}
+
 
 # a CPU single's own variant: kept when its stage is filled with the GPUs' best settings
 _CPU_KEYS = frozenset(f"exec.cpu.{name}" for name in ("batch", *CpuVariant._fields))
@@ -320,6 +342,8 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         return FirstPoints(singles + cpu_singles, strategies, batches, probes)
     backends = [p for p in singles if "exec.gpu.batch" not in p or p["exec.gpu.batch"] == defaults.get(
         "exec.gpu.batch")]
+    # the backends that compile last: their settings compile ahead on another GPU meanwhile (``FirstPoints.ahead``)
+    backends.sort(key=lambda p: backend(p.get("exec.gpu.backend", "eager")).compiles)
     return FirstPoints(backends, strategies, batches, probes, together,
                        [p for p in singles if p not in backends], cpu_singles, defaults.get("exec.gpu.batch"))
 

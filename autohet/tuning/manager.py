@@ -8,7 +8,8 @@ actors of a topology the tuner left stay alive for when it comes back; short of 
 executors drop what they built first (``RELEASE_IDLE_BELOW``).
 
 Standalone throughputs (the limit) are measured once per executor class and configuration
-(``autohet.pool.standalone``) and reused by every later trial and topology.
+(``autohet.pool.standalone``) and reused by every later trial and topology. While a trial runs on some of
+the GPUs, an idle one compiles the tune's coming settings ahead (``autohet.tuning.ahead``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from autohet.core.settings import RELEASE_IDLE_BELOW
 from autohet.core.workload import Workload, WorkloadSpec
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
+from autohet.tuning.ahead import AheadRunner, CompileAhead, RayAhead, ahead_cores
 
 __all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
 
@@ -51,7 +53,8 @@ class PoolManager:
                  pool_factory: Callable[[PoolSpec, str], Any] | None = None,
                  kill: Callable[[Any], None] | None = None, max_live_actors: int | None = None,
                  release: Callable[[list[Any]], None] | None = None,
-                 memory_share: Callable[[], float] | None = None) -> None:
+                 memory_share: Callable[[], float] | None = None, ahead: AheadRunner | None = None,
+                 cores: frozenset[int] | None = None) -> None:
         # built here from the (small) spec: a restarted manager needs nothing from the object store
         self.workload = Workload.from_spec(workload) if isinstance(workload, WorkloadSpec) else workload
         self.base = base
@@ -74,6 +77,12 @@ class PoolManager:
         self.best_ips: float | None = None
         self.engine_ips: dict[frozenset[Identity], float] = {}  # devices -> the best engine trial on them
         self.standalone_cache = StandaloneCache()
+        self.ahead = CompileAhead(ahead or RayAhead(), ahead_cores(base, cores))
+
+    def plan_ahead(self, plan: list[dict[str, dict[str, Any]]]) -> None:
+        """The executor settings the tune will need, in order (``FirstPoints.ahead``): compiled ahead on
+        idle GPUs (``autohet.tuning.ahead``)."""
+        self.ahead.set_plan(plan)
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
@@ -84,7 +93,10 @@ class PoolManager:
         key = tuple(identity(e) for e in spec.executors)
         self.acquires += 1
         compile_s = 0.0
-        if key != self.key or self.pool is None:
+        fresh = key != self.key or self.pool is None
+        used = None if only is None else list(only)
+        self.ahead.settle(self.ahead.conflicts(spec.with_executor_params(exec_params), used, fresh))
+        if fresh:
             adopt = {i: self.live[i] for i in key if i in self.live}
             self._free_gpus(set(key) - set(adopt))
             self._release_idle(set(key))
@@ -98,6 +110,8 @@ class PoolManager:
         self.last_used.update(dict.fromkeys(key, self.acquires))
         self._evict(set(key))
         compile_s += self.pool.configure(exec_params, only) or 0.0
+        self.ahead.note_set_up(self.pool.spec, set(range(len(self.pool.spec.executors))) - self.pool.unconfigured)
+        self.ahead.start(self.pool.spec, self.pool.actors, used)
         return self.pool.spec, list(self.pool.actors), compile_s
 
     def _free_gpus(self, fresh: set[Identity]) -> None:
@@ -161,12 +175,16 @@ class PoolManager:
     def best_speed(self) -> float | None:
         return self.best_ips
 
-    def standalone(self, seconds: float, max_images: int | None) -> list[float]:
-        """Standalone throughputs of the live topology's executors: one measurement per executor
-        class and configuration (on its first executor), cached for the whole tune."""
+    def standalone(self, seconds: float, max_images: int | None, used: list[int] | None = None) -> list[float]:
+        """Standalone throughputs of the live topology's executors (of ``used``, where given; 0 for the
+        others): one measurement per executor class and configuration (on its first executor), cached for
+        the whole tune. Only the executors measured get the trial's params first: a single's other GPU,
+        compiling ahead meanwhile, is left to it (``autohet.tuning.ahead``)."""
         assert self.pool is not None, "acquire() first"
-        self.pool.configure_rest()
-        return self.standalone_cache.measure(self.pool, seconds, max_images)
+        due = self.standalone_cache.due(self.pool, max_images, used)
+        self.ahead.settle(self.ahead.conflicts(self.pool.spec, due, new_topology=False) if due else [])
+        self.pool.configure_rest(due)
+        return self.standalone_cache.measure(self.pool, seconds, max_images, used=used)
 
     def known_standalone(self, index: int) -> float | None:
         """A cached standalone throughput of the live topology's executor ``index`` (any unit
@@ -197,7 +215,8 @@ class PoolManager:
     def stats(self) -> dict[str, int]:
         return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
                 "actors_replaced": self.actors_replaced, "actors_released": self.actors_released,
-                "standalone_measured": len(self.standalone_cache)}
+                "standalone_measured": len(self.standalone_cache), "compiled_ahead": self.ahead.started,
+                "compiled_ahead_s": round(self.ahead.compile_s), "ahead_waited_s": round(self.ahead.waited_s)}
 
     def calibrate(self, seconds: float) -> float:
         """Sum of standalone throughputs of the base topology at its own params (images/s)."""
@@ -205,6 +224,7 @@ class PoolManager:
         return float(sum(self.standalone(seconds, None)))
 
     def shutdown(self) -> None:
+        self.ahead.abandon()
         for actor in self.live.values():
             self.kill(actor)
         self.live.clear()

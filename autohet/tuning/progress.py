@@ -92,4 +92,12 @@ class Progress:
                 f"{statuses or 'none'}; {manager_stats.get('topologies_started', 0)} executor topologies started "
                 f"({manager_stats.get('actors_adopted', 0)} actors reused from earlier ones, "
                 f"{manager_stats.get('actors_replaced', 0)} replaced after cuts), "
-                f"{manager_stats.get('standalone_measured', 0)} standalone measurements")
+                f"{manager_stats.get('standalone_measured', 0)} standalone measurements" + _ahead(manager_stats))
+
+
+def _ahead(stats: dict[str, int]) -> str:
+    """The compiles done ahead on idle GPUs (``autohet.tuning.ahead``), where there were any."""
+    if not stats.get("compiled_ahead"):
+        return ""
+    return (f", {stats['compiled_ahead']} settings compiled ahead on idle GPUs ({stats.get('compiled_ahead_s', 0)} s "
+            f"compiling; trials waited {stats.get('ahead_waited_s', 0)} s for them)")

@@ -33,12 +33,15 @@ __all__ = ["ACQUIRE_SHARE_CAP", "SingleKind", "StagedSearch"]
 
 class StagedSearch(OptunaSearch):
     """``later``: the stages after the first, in order; ``kind_of(config)``: the executor kind a single's config ran on;
-    ``objectives``: which figure makes a single best (the primary objective's)."""
+    ``objectives``: which figure makes a single best (the primary objective's); ``ahead``: the executor settings
+    the first points will compile, in order (``FirstPoints.ahead``), for the pool manager to compile ahead."""
 
     def __init__(self, *args: Any, later: list[Stage] | None = None,
                  kind_of: Callable[[dict[str, Any]], str | None] | None = None,
-                 objectives: ObjectiveSet | None = None, **kwargs: Any) -> None:
+                 objectives: ObjectiveSet | None = None, ahead: list[dict[str, dict[str, Any]]] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.ahead = list(ahead or [])
         self._enqueued = len(kwargs.get("points_to_evaluate") or [])  # points the next stage waits for
         self._later = [stage for stage in later or [] if stage.points]
         self._kind_of = kind_of

@@ -108,10 +108,10 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     notes: dict[str, str] = {}  # figure -> why it was not read (MLflow tags unavailable.<figure>)
     _cool(setup, phases, notes)
 
-    def standalone(pool: Any, share: int) -> list[float]:
+    def standalone(pool: Any, share: int, used: list[int] | None) -> list[float]:
         t0 = time.perf_counter()
         try:
-            return ray.get(manager.standalone.remote(setup.standalone_seconds, share))
+            return ray.get(manager.standalone.remote(setup.standalone_seconds, share, used))
         finally:
             phases[TrialKey.STANDALONE] += time.perf_counter() - t0
 

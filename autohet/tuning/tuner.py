@@ -72,6 +72,8 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         finals = _finals_on(settings)
         if remaining > 0:
             search = make_searcher(model, settings, space, pool.spec, exp.name, storage, resume)
+            if search.ahead:
+                pool.manager.plan_ahead.remote(search.ahead)
             run_search(search, setup, remaining, budget_s * (1 - FINAL_SHARE) if finals else budget_s, exp.dir,
                         record.logger, progress, logged)
         if finals:

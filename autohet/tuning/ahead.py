@@ -1,0 +1,181 @@
+"""Compiling the tune's coming GPU settings ahead, on a GPU no trial is using.
+
+On a pool of several GPUs the tune's first points run one GPU alone (``tuning/initial.py``) while the
+others idle, and a setting whose backend compiles (inductor) costs 12-54 s to set up cold, 2.4-8 s from a
+warm compile cache (BENCHMARKS.md 40). So the settings the first points will compile (``FirstPoints.ahead``)
+are set up meanwhile on an idle GPU's own executor, its compiles on the cores no GPU feeds, into the cache
+every executor shares: the trial that needs one on its own GPU finds it warm, and the idle GPU holds it
+for when the GPUs run together.
+
+A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
+(its executor or GPU, the setting it compiles, the cores of a CPU group, or another topology's start) first
+waits for that work to end (``conflicts``), and the wait is counted as acquiring.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from autohet.executors import ExecutorSpec
+from autohet.executors.backends import backend
+from autohet.pool import Identity, PoolSpec, identity
+
+__all__ = ["AheadRunner", "CompileAhead", "RayAhead", "Setting", "ahead_cores", "setting"]
+
+_log = logging.getLogger(__name__)
+
+
+class Setting(NamedTuple):
+    """What a compiled program depends on: executors of one kind at one setting share it through the cache."""
+
+    kind: str
+    backend: str
+    batch: int
+    precision: str
+    channels_last: bool
+    inductor_mode: str
+
+
+def setting(spec: ExecutorSpec) -> Setting:
+    return Setting(spec.kind, spec.backend, spec.batch, spec.precision, spec.channels_last, spec.inductor_mode)
+
+
+def ahead_cores(base: PoolSpec, available: Collection[int] | None = None) -> frozenset[int]:
+    """The cores ahead compiles run on: this machine's (``available``, default the process's) less every
+    core the pool gives a GPU to feed it. While a GPU trial runs, the CPU groups there are idle; a trial
+    that needs them waits for the ahead work first (``CompileAhead.conflicts``)."""
+    if available is None:
+        available = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    feeders = {c for e in base.executors if e.uses_gpu and e.node is None for c in e.cores}
+    return frozenset(available) - feeders
+
+
+class AheadRunner(Protocol):
+    """Starts ahead work on an executor's actor and waits for it (Ray's in a tune, a fake in tests)."""
+
+    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any: ...
+
+    def wait(self, handle: Any) -> float:
+        """Blocks until the work ends; the seconds it compiled (0 where it failed: the trial that needs
+        the setting then sets it up itself, and meets the failure, if any, as its own)."""
+        ...
+
+
+class RayAhead:
+    """Ahead work as an executor actor's ``prepare_ahead`` call."""
+
+    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
+        return actor.prepare_ahead.remote(params, sorted(cores))
+
+    def wait(self, handle: Any) -> float:
+        import ray
+
+        try:
+            return float(ray.get(handle).get("compile_s", 0.0))
+        except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
+            _log.info("compile ahead failed: %s", exc)
+            return 0.0
+
+
+@dataclass
+class _Job:
+    executor: Identity
+    gpu: tuple[str | None, int | None]
+    setting: Setting
+    handle: Any
+
+
+class CompileAhead:
+    """The manager's ahead work: the plan (``plan``: by-kind executor params, in the order the tune will
+    need them), the jobs running, and what they cost. Settings a trial already set up are never compiled
+    ahead; each planned setting is started once."""
+
+    def __init__(self, runner: AheadRunner, cores: frozenset[int]) -> None:
+        self.runner = runner
+        self.cores = cores
+        self.plan: list[dict[str, dict[str, Any]]] = []
+        self.jobs: list[_Job] = []
+        self.taken: set[Setting] = set()  # set up by a trial, or started ahead
+        self.started = 0
+        self.compile_s = 0.0  # what the ahead work compiled
+        self.waited_s = 0.0  # what trials waited for it
+
+    def set_plan(self, plan: list[dict[str, dict[str, Any]]]) -> None:
+        self.plan = [dict(entry) for entry in plan]
+
+    def note_set_up(self, spec: PoolSpec, indices: Collection[int]) -> None:
+        """The settings a trial's executors were just set up at: compiled, not worth compiling ahead."""
+        self.taken.update(setting(spec.executors[i]) for i in indices)
+
+    def conflicts(self, spec: PoolSpec, used: list[int] | None, new_topology: bool) -> list[_Job]:
+        """The running jobs a trial on ``spec`` (its executors at the trial's settings) must wait for before
+        it is set up: all of them for another topology (its new actors load on the cores), for a trial on
+        every executor (``used`` None, or ``[]``: an engine family runs on the devices themselves) or on the
+        jobs' cores (a CPU group's); else those on its executors or GPUs, or compiling a setting it needs
+        (its own compile would run the same one cold, beside it)."""
+        if not self.jobs:
+            return []
+        if new_topology or not used or self._on_our_cores(spec, used):
+            return list(self.jobs)
+        mine = [spec.executors[i] for i in used]
+        names = {identity(e) for e in mine}
+        gpus = {(e.node, e.gpu) for e in mine}
+        needed = {setting(e) for e in mine}
+        return [j for j in self.jobs if j.executor in names or j.gpu in gpus or j.setting in needed]
+
+    def settle(self, jobs: list[_Job]) -> float:
+        """Waits for ``jobs``; returns the seconds waited."""
+        start = time.perf_counter()
+        for job in jobs:
+            self.compile_s += self.runner.wait(job.handle)
+            self.jobs.remove(job)
+        waited = time.perf_counter() - start
+        self.waited_s += waited
+        return waited
+
+    def start(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
+        """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
+        job yet) the plan's next setting not yet taken whose backend compiles; none while the trial runs on
+        the cores they would compile on. Returns the GPUs' indices."""
+        if not used or not self.cores or not self.plan or self._on_our_cores(spec, used):
+            return []
+        busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
+        running = {j.executor for j in self.jobs}
+        given = []
+        for i, e in enumerate(spec.executors):
+            gpu = (e.node, e.gpu)
+            if not e.is_gpu or e.sms or e.node is not None or i in used or gpu in busy or identity(e) in running:
+                continue
+            params = self._next(e)
+            if params is None:
+                break
+            ahead = e.with_params(params)
+            self.jobs.append(_Job(identity(e), gpu, setting(ahead), self.runner.start(actors[i], params, self.cores)))
+            self.taken.add(setting(ahead))
+            self.started += 1
+            busy.add(gpu)
+            given.append(i)
+        return given
+
+    def _on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
+        """Whether the trial's executors pin any of the cores ahead work compiles on (a CPU group's)."""
+        return any(set(spec.executors[i].pinned_cores) & self.cores for i in used)
+
+    def _next(self, executor: ExecutorSpec) -> dict[str, Any] | None:
+        for entry in self.plan:
+            params = entry.get(executor.kind)
+            if params is None:
+                continue
+            ahead = executor.with_params(params)
+            if backend(ahead.backend).compiles and setting(ahead) not in self.taken:
+                return params
+        return None
+
+    def abandon(self) -> None:
+        """Forgets the running jobs (their actors are being ended)."""
+        self.jobs.clear()
