@@ -49,7 +49,7 @@ def measure(model: str, images: int, batch: int, cpu: bool, seconds: float) -> l
         pool = RayPool(spec)
         try:
             ctx = RunContext(ModelSpec(model), workload, check_images=16, standalone_seconds=seconds,
-                             standalone_provider=lambda p, share: cache.measure(p, seconds, share))
+                             standalone_provider=lambda p, share, used: cache.measure(p, seconds, share, used=used))
             pool.start(ctx.model, workload)
             standalone = ctx.standalone(pool)
             for strategy in strategies:

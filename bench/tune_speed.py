@@ -53,7 +53,7 @@ def _context(model: ModelSpec, workload: Workload) -> RunContext:
     """A run context whose limits are measured as the tune measures them (once per executor class)."""
     cache = StandaloneCache()
     return RunContext(model, workload, check_images=16, standalone_seconds=0.5,
-                      standalone_provider=lambda pool, share: cache.measure(pool, 0.5, share))
+                      standalone_provider=lambda pool, share, used: cache.measure(pool, 0.5, share, used=used))
 
 
 def run_grid(model: str, pool_path: str, images: int, gpu_grid: list[dict],
