@@ -34,6 +34,12 @@ class FakePool(Pool):
         self.adopted = dict(adopt or {})
         self.actors = [self.adopted.get(identity(e), f"{self.prefix}/{e.name}") for e in self.spec.executors]
 
+    def launch(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> dict[int, str]:
+        """As ``start``, without waiting: the new actors' load calls are strings naming them."""
+        self.start(model, workload, adopt)
+        held = set((adopt or {}).values())
+        return {i: f"load {a}" for i, a in enumerate(self.actors) if a not in held}
+
     def dispatcher(self) -> Any:
         raise NotImplementedError
 
@@ -107,7 +113,7 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     assert back == first.actors and len(FakePool.made[-1].adopted) == 9
     assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
                                "actors_released": 0, "standalone_measured": 3, "compiled_ahead": 0,
-                               "compiled_ahead_s": 0, "ahead_waited_s": 0}
+                               "actors_started_ahead": 0, "compiled_ahead_s": 0, "ahead_waited_s": 0}
 
 
 def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
@@ -290,6 +296,11 @@ def test_the_breakdown_says_what_cut_trials_cost_of_the_budget() -> None:
     for status, seconds in (("ok", 10.0), ("cut", 45.0), ("cut", 15.0)):
         progress.update({"status": status, "time.trial_s": seconds, "strategy": "fifo"})
     assert "trials: 1 ok, 2 cut (cut trials 60 s, 10% of the time budget)" in progress.breakdown({})
+    assert "ahead" not in progress.breakdown({})
+    ahead = progress.breakdown({"compiled_ahead": 2, "compiled_ahead_s": 19, "ahead_waited_s": 6,
+                                "actors_started_ahead": 1})
+    assert ahead.endswith(", 2 settings compiled ahead on idle GPUs (19 s compiling; trials waited 6 s for them), "
+                          "CPU executors started ahead on idle cores: 1")
 
 
 def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_best_trial() -> None:
@@ -395,18 +406,22 @@ def test_an_estimated_busy_time_is_labelled_in_the_metrics_and_the_report() -> N
 
 
 class FakeAhead:
-    """Records the ahead work the manager starts and waits for; each job "compiled" for 2 s."""
+    """Records the ahead work the manager starts and waits for; each job "compiled" for 2 s; the loads of
+    actors started ahead (strings, ``FakePool.launch``) end at once, or fail where ``failing`` names them."""
 
-    def __init__(self) -> None:
+    def __init__(self, failing: tuple[str, ...] = ()) -> None:
         self.started: list[tuple[Any, dict[str, Any], frozenset[int]]] = []
-        self.waited: list[int] = []
+        self.waited: list[Any] = []
+        self.failing = failing
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> int:
         self.started.append((actor, params, cores))
         return len(self.started) - 1
 
-    def wait(self, handle: int) -> float:
+    def wait(self, handle: Any) -> float | None:
         self.waited.append(handle)
+        if isinstance(handle, str):
+            return None if handle in self.failing else 0.0
         return 2.0
 
 
@@ -423,11 +438,13 @@ _INDUCTOR = {"backend": "inductor", "batch": 256}
 _PLAN = [{"gpu": _INDUCTOR}, {"gpu": {**_INDUCTOR, "batch": 512}}]
 
 
-def _ahead_manager(base: PoolSpec, ahead: FakeAhead) -> PoolManager:
+def _ahead_manager(base: PoolSpec, ahead: FakeAhead, plan: list | None = None, killed: list | None = None
+                   ) -> PoolManager:
     workload = Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64)
-    manager = PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool, kill=lambda _a: None,
-                          ahead=ahead, cores=frozenset(range(10)))
-    manager.plan_ahead(_PLAN)
+    sink = killed if killed is not None else []
+    manager = PoolManager(base, ModelSpec("lenet"), workload, "t", pool_factory=FakePool, kill=sink.append,
+                          ahead=ahead, cores=frozenset(range(10)), max_live_actors=64)
+    manager.plan_ahead(_PLAN if plan is None else plan)
     return manager
 
 
@@ -481,3 +498,49 @@ def test_a_setting_a_trial_set_up_is_not_compiled_ahead_and_one_gpu_has_no_idle_
     for only in (None, [0], [3]):
         manager.acquire({}, {}, only=only)
     assert ahead.started == []  # one GPU: a single on a CPU group leaves it idle, but the cores are the group's
+
+
+_ONE_GROUP = {"pool": {"cpu_group_size": "all"}}
+
+
+def test_the_cpu_singles_group_starts_ahead_while_a_gpu_single_runs_and_is_adopted_once_loaded(
+        nine_core_gpu_machine: PoolSpec) -> None:
+    """A tune's first CPU single waited 10-13 s for its group of every core to start (BENCHMARKS.md 34, 39):
+    the group's actor is created and loads while the GPU's singles run, on the cores they leave idle."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(nine_core_gpu_machine, ahead, [_ONE_GROUP])
+    manager.acquire({}, {})  # every executor runs: nothing starts ahead
+    assert len(FakePool.made) == 1
+    manager.acquire({}, {"gpu": {"backend": "cudagraphs"}}, only=[0])
+    early = FakePool.made[-1]
+    assert len(FakePool.made) == 2 and [e.cores for e in early.spec.executors][1:] == [tuple(range(1, 9))]
+    assert list(manager.loading.values()) == [f"load {early.actors[1]}"]
+    assert manager.stats()["actors_started_ahead"] == 1
+    manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])  # nothing waits on it yet
+    assert ahead.waited == []
+    spec, actors, _ = manager.acquire({"cpu_group_size": "all"}, {}, only=[1])  # its load waited for, then adopted
+    assert ahead.waited == [f"load {early.actors[1]}"] and actors[1] == early.actors[1] and not manager.loading
+    assert spec.executors[1].cores == tuple(range(1, 9)) and manager.stats()["actors_adopted"] >= 2
+
+
+def test_an_actor_started_ahead_that_failed_to_load_is_ended_and_started_again(nine_core_gpu_machine: PoolSpec) -> None:
+    killed: list = []
+    ahead = FakeAhead(failing=("load t-a0/cpu0",))
+    manager = _ahead_manager(nine_core_gpu_machine, ahead, [_ONE_GROUP], killed)
+    manager.acquire({}, {}, only=[0])
+    assert FakePool.made[-1].actors[1] == "t-a0/cpu0"
+    _, actors, _ = manager.acquire({"cpu_group_size": "all"}, {}, only=[1])
+    assert killed == ["t-a0/cpu0"] and actors[1] != "t-a0/cpu0"  # the topology started its own
+
+
+def test_a_topology_starts_ahead_only_once_the_compiles_ahead_are_done(two_gpu_machine: PoolSpec) -> None:
+    """Both use the cores no GPU feeds: the compiles go first (their settings are needed sooner)."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead, [*_PLAN, _ONE_GROUP])
+    manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
+    assert len(ahead.started) == 2 and not manager.loading  # b512 compiling on gpu1
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # waits for it; then the group starts
+    assert ahead.waited == [0, 1] and len(manager.loading) == 1
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # a GPU trial: no wait on the load
+    assert ahead.waited == [0, 1]

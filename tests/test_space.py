@@ -450,6 +450,12 @@ def test_initial_points_keep_the_auto_pools_own_topology(monkeypatch):
     assert sizes[first_all : first_all + n_all] == ["all"] * n_all and set(sizes) == {4, "all"}
     assert all(p["strategy"] == "single" and p["single.executor"] == 1 for p in points if p["pool.cpu_group_size"]
                == "all")
+    # that group is started ahead while the GPU's singles run (nothing to compile ahead: no other GPU)
+    from autohet.tuning.initial import staged_points
+
+    pool = load_pool("actors/auto.yaml")
+    assert staged_points(space.for_pool(pool), pool).ahead() == [
+        {"pool": {"cpu_group_size": "all", "gpu_partitions": 1, "max_cpu_groups": "all"}}]
 
 
 def test_a_latency_space_drops_batch_and_its_first_points_try_compiled_graphs_first():
@@ -525,9 +531,12 @@ def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(m
     assert all(p["strategy"] == "single" and p["single.executor"] == 0 for p in first.singles)
     assert {p["exec.gpu.batch"] for p in first.singles} == {256}  # each backend at the pool's batch
     assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "cudagraphs", "inductor"]
-    # compiled ahead on the idle GPU, in the order needed: inductor's single, then the walk's first step up
+    # made ready while trials run elsewhere, in the order needed: inductor's single and the walk's first step up
+    # compiled on the idle GPU, then the CPU singles' group of every core started on the idle cores
     gpu = {k.removeprefix("exec.gpu."): v for k, v in first.singles[-1].items() if k.startswith("exec.gpu.")}
-    assert first.ahead() == [{"gpu": gpu}, {"gpu": {**gpu, "batch": 512}}] and gpu["backend"] == "inductor"
+    assert gpu["backend"] == "inductor" and first.ahead() == [
+        {"gpu": gpu}, {"gpu": {**gpu, "batch": 512}},
+        {"pool": {"cpu_group_size": "all", "gpu_partitions": 1, "max_cpu_groups": "all"}}]
     together, *walk = first.later()[:5]
     *walk, cpu_singles = walk
     assert [p["strategy"] for p in together.points] == ["fifo", "fast_split"]

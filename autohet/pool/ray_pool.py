@@ -56,17 +56,35 @@ class RayPool(Pool):
             return 0.0
         check_cluster_resources(self.spec)
         self.shutdown()
+        loads = self.launch(model, workload, adopt)
+        refs = list(loads.values())
+        with user_errors():
+            pending = wait_interruptibly(refs, ACTOR_START_TIMEOUT_S)
+            if pending:
+                late = [self.spec.executors[i].name for i, r in loads.items() if r in pending]
+                raise UserError(f"executors {', '.join(late)} did not start within {ACTOR_START_TIMEOUT_S:.0f} s: "
+                                "Ray could not place them (their cores or GPU held by other actors; `ray status` "
+                                "shows the pending demand); end other Ray jobs on this machine or use a smaller pool")
+            described = ray.get(refs)
+        self.adopted = len(self.actors) - len(loads)
+        self.started_for = (model, workload.images)
+        return sum(d.get("compile_s", 0.0) for d in described)
+
+    def launch(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> dict[int, Any]:
+        """Creates the actors ``adopt`` does not hold and sends each its load, without waiting: returns
+        {executor index: its load call}. ``start`` waits for them; the tune's manager starts a coming
+        topology's new actors this way while a trial runs elsewhere (``autohet.tuning.manager``)."""
+        import ray
+
         adopt = adopt or {}
         self.workload_ref = ray.put(workload)
         self.actors = [None] * len(self.spec.executors)
-        fresh: list[Any] = []
-        fresh_names: list[str] = []
+        fresh: list[int] = []
         for members in self.spec.partition_groups():  # partitions of one GPU: one process, adopted as a whole
             handles = [adopt.get(identity(self.spec.executors[i])) for i in members]
             if any(h is None for h in handles) or len({id(getattr(h, "actor", h)) for h in handles}) != 1:
                 handles = self._new_group([self.spec.executors[i] for i in members], model)
-                fresh += handles
-                fresh_names += [self.spec.executors[i].name for i in members]
+                fresh += members
             for i, handle in zip(members, handles, strict=True):
                 self.actors[i] = handle
         for i, spec in enumerate(self.spec.executors):
@@ -74,20 +92,8 @@ class RayPool(Pool):
                 self.actors[i] = adopt.get(identity(spec))
                 if self.actors[i] is None:
                     self.actors[i] = self._new_actor(spec, model, "")
-                    fresh.append(self.actors[i])
-                    fresh_names.append(spec.name)
-        refs = [a.load.remote(self.workload_ref) for a in fresh]
-        with user_errors():
-            pending = wait_interruptibly(refs, ACTOR_START_TIMEOUT_S)
-            if pending:
-                late = [n for n, r in zip(fresh_names, refs, strict=True) if r in pending]
-                raise UserError(f"executors {', '.join(late)} did not start within {ACTOR_START_TIMEOUT_S:.0f} s: "
-                                "Ray could not place them (their cores or GPU held by other actors; `ray status` "
-                                "shows the pending demand); end other Ray jobs on this machine or use a smaller pool")
-            described = ray.get(refs)
-        self.adopted = len(self.actors) - len(fresh)
-        self.started_for = (model, workload.images)
-        return sum(d.get("compile_s", 0.0) for d in described)
+                    fresh.append(i)
+        return {i: self.actors[i].load.remote(self.workload_ref) for i in fresh}
 
     def _new_actor(self, spec: ExecutorSpec, model: ModelSpec, suffix: str) -> Any:
         """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""

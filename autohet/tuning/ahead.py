@@ -9,7 +9,9 @@ for when the GPUs run together.
 
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
 (its executor or GPU, the setting it compiles, the cores of a CPU group, or another topology's start) first
-waits for that work to end (``conflicts``), and the wait is counted as acquiring.
+waits for that work to end (``conflicts``), and the wait is counted as acquiring. The plan's topologies
+(``pool`` entries: the CPU group the singles run on) have their new CPU executors started ahead the same way,
+by the manager (``PoolManager``).
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ class AheadRunner(Protocol):
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any: ...
 
-    def wait(self, handle: Any) -> float:
-        """Blocks until the work ends; the seconds it compiled (0 where it failed: the trial that needs
-        the setting then sets it up itself, and meets the failure, if any, as its own)."""
+    def wait(self, handle: Any) -> float | None:
+        """Blocks until the work ends; the seconds it compiled, or None where it failed (a compile's
+        setting is then set up by the trial that needs it, which meets the failure, if any, as its own; an
+        actor started ahead is ended, and the topology that needs it starts its own)."""
         ...
 
 
@@ -72,14 +75,14 @@ class RayAhead:
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
         return actor.prepare_ahead.remote(params, sorted(cores))
 
-    def wait(self, handle: Any) -> float:
+    def wait(self, handle: Any) -> float | None:
         import ray
 
         try:
             return float(ray.get(handle).get("compile_s", 0.0))
         except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
-            _log.info("compile ahead failed: %s", exc)
-            return 0.0
+            _log.info("work ahead failed: %s", exc)
+            return None
 
 
 @dataclass
@@ -106,7 +109,8 @@ class CompileAhead:
         self.waited_s = 0.0  # what trials waited for it
 
     def set_plan(self, plan: list[dict[str, dict[str, Any]]]) -> None:
-        self.plan = [dict(entry) for entry in plan]
+        """The plan's executor settings (its ``pool`` entries, topologies, are the manager's)."""
+        self.plan = [dict(entry) for entry in plan if "pool" not in entry]
 
     def note_set_up(self, spec: PoolSpec, indices: Collection[int]) -> None:
         """The settings a trial's executors were just set up at: compiled, not worth compiling ahead."""
@@ -120,7 +124,7 @@ class CompileAhead:
         (its own compile would run the same one cold, beside it)."""
         if not self.jobs:
             return []
-        if new_topology or not used or self._on_our_cores(spec, used):
+        if new_topology or not used or self.on_our_cores(spec, used):
             return list(self.jobs)
         mine = [spec.executors[i] for i in used]
         names = {identity(e) for e in mine}
@@ -132,7 +136,7 @@ class CompileAhead:
         """Waits for ``jobs``; returns the seconds waited."""
         start = time.perf_counter()
         for job in jobs:
-            self.compile_s += self.runner.wait(job.handle)
+            self.compile_s += self.runner.wait(job.handle) or 0.0
             self.jobs.remove(job)
         waited = time.perf_counter() - start
         self.waited_s += waited
@@ -142,7 +146,7 @@ class CompileAhead:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
         job yet) the plan's next setting not yet taken whose backend compiles; none while the trial runs on
         the cores they would compile on. Returns the GPUs' indices."""
-        if not used or not self.cores or not self.plan or self._on_our_cores(spec, used):
+        if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
             return []
         busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
         running = {j.executor for j in self.jobs}
@@ -162,7 +166,7 @@ class CompileAhead:
             given.append(i)
         return given
 
-    def _on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
+    def on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
         """Whether the trial's executors pin any of the cores ahead work compiles on (a CPU group's)."""
         return any(set(spec.executors[i].pinned_cores) & self.cores for i in used)
 

@@ -159,21 +159,29 @@ class FirstPoints:
         return self.singles + [point for stage in self.later() for point in stage.points]
 
     def ahead(self) -> list[dict[str, dict[str, Any]]]:
-        """On a pool of several GPUs, the GPU settings stage one will compile, in the order the tune needs
-        them (``autohet.tuning.ahead`` compiles them on an idle GPU meanwhile): each single whose backend
-        compiles, then the same at the batch walk's first step up. That step is filled with the best
-        single's backend, unknown yet: when a compiled backend wins, as inductor did in every two-GPU tune
-        (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does, only idle GPUs and cores
-        were spent on it."""
-        if not self.gpus_together:
-            return []
-        compiled = [_gpu_settings(p) for p in self.singles if "exec.gpu.backend" in p
-                    and backend(p["exec.gpu.backend"]).compiles]
-        larger = sorted(p["exec.gpu.batch"] for p in self.gpu_batches
-                        if isinstance(p.get("exec.gpu.batch"), int) and isinstance(self.gpu_batch, int)
-                        and p["exec.gpu.batch"] > self.gpu_batch)
-        step = [{"gpu": {**c["gpu"], "batch": larger[0]}} for c in compiled] if larger else []
-        return compiled + step
+        """What stage one will need, in order, for the pool manager to make ready while trials run elsewhere
+        (``autohet.tuning.ahead``): on a pool of several GPUs, the GPU settings it will compile (each single
+        whose backend compiles, then the same at the batch walk's first step up); then, beside a GPU, each
+        topology its singles start after the first (``pool`` entries: the CPU group of every core). The walk's
+        step is filled with the best single's backend, unknown yet: when a compiled backend wins, as inductor
+        did in every two-GPU tune (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does,
+        only idle GPUs and cores were spent on it."""
+        out: list[dict[str, dict[str, Any]]] = []
+        if self.gpus_together:
+            compiled = [_gpu_settings(p) for p in self.singles if "exec.gpu.backend" in p
+                        and backend(p["exec.gpu.backend"]).compiles]
+            larger = sorted(p["exec.gpu.batch"] for p in self.gpu_batches
+                            if isinstance(p.get("exec.gpu.batch"), int) and isinstance(self.gpu_batch, int)
+                            and p["exec.gpu.batch"] > self.gpu_batch)
+            out += compiled + ([{"gpu": {**c["gpu"], "batch": larger[0]}} for c in compiled] if larger else [])
+        if any("exec.gpu.backend" in p for p in self.singles):  # beside a GPU: its singles leave the cores idle
+            seen: list[dict[str, Any]] = []
+            for point in self.singles + self.cpu_singles:
+                dims = {k.removeprefix("pool."): v for k, v in point.items() if k.startswith("pool.")}
+                if dims not in seen:
+                    seen.append(dims)
+            out += [{"pool": dims} for dims in seen[1:]]
+        return out
 
 
 def _gpu_settings(point: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -78,11 +78,16 @@ class PoolManager:
         self.engine_ips: dict[frozenset[Identity], float] = {}  # devices -> the best engine trial on them
         self.standalone_cache = StandaloneCache()
         self.ahead = CompileAhead(ahead or RayAhead(), ahead_cores(base, cores))
+        self.topologies_ahead: list[dict[str, Any]] = []  # the plan's topologies not yet started
+        self.loading: dict[Identity, Any] = {}  # actors started ahead -> their load call
+        self.actors_ahead = 0
 
     def plan_ahead(self, plan: list[dict[str, dict[str, Any]]]) -> None:
-        """The executor settings the tune will need, in order (``FirstPoints.ahead``): compiled ahead on
-        idle GPUs (``autohet.tuning.ahead``)."""
+        """What the tune will need, in order (``FirstPoints.ahead``): executor settings, compiled ahead on
+        idle GPUs, and topologies (``pool`` entries), whose new CPU executors start ahead on idle cores
+        (``autohet.tuning.ahead``)."""
         self.ahead.set_plan(plan)
+        self.topologies_ahead = [dict(entry["pool"]) for entry in plan if "pool" in entry]
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
@@ -96,6 +101,8 @@ class PoolManager:
         fresh = key != self.key or self.pool is None
         used = None if only is None else list(only)
         self.ahead.settle(self.ahead.conflicts(spec.with_executor_params(exec_params), used, fresh))
+        if fresh or not used or self.ahead.on_our_cores(spec, used):
+            self._settle_loading()
         if fresh:
             adopt = {i: self.live[i] for i in key if i in self.live}
             self._free_gpus(set(key) - set(adopt))
@@ -111,8 +118,39 @@ class PoolManager:
         self._evict(set(key))
         compile_s += self.pool.configure(exec_params, only) or 0.0
         self.ahead.note_set_up(self.pool.spec, set(range(len(self.pool.spec.executors))) - self.pool.unconfigured)
-        self.ahead.start(self.pool.spec, self.pool.actors, used)
+        if not self.loading:
+            self.ahead.start(self.pool.spec, self.pool.actors, used)
+        self._start_topology_ahead(used)
         return self.pool.spec, list(self.pool.actors), compile_s
+
+    def _start_topology_ahead(self, used: list[int] | None) -> None:
+        """While a trial runs on GPUs alone and no compile ahead holds the cores, the plan's next topology has
+        its new CPU executors created and loading on their idle cores: the tune's first CPU single had waited
+        10-13 s for its group of every core to start (BENCHMARKS.md 34, 39). Their load is waited for before
+        anything else uses those cores or starts a topology (``acquire``)."""
+        assert self.pool is not None
+        if not self.topologies_ahead or not used or self.ahead.jobs or self.ahead.on_our_cores(self.pool.spec, used):
+            return
+        spec = regroup(self.base, self.topologies_ahead.pop(0))
+        new = [e for e in spec.executors if identity(e) not in self.live]
+        if not new or any(e.uses_gpu or e.node is not None for e in new):
+            return  # nothing to start, or a GPU's actor (it would claim the GPU a trial runs on)
+        pool = self.pool_factory(spec, f"{self.prefix}-a{self.actors_ahead}")
+        loads = pool.launch(self.model, self.workload, adopt={identity(e): self.live[identity(e)]
+                                                               for e in spec.executors if identity(e) in self.live})
+        for i, load in loads.items():
+            ident = identity(spec.executors[i])
+            self.live[ident], self.loading[ident] = pool.actors[i], load
+            self.last_used[ident] = self.acquires
+        self.actors_ahead += len(loads)
+
+    def _settle_loading(self) -> None:
+        """Waits for the actors started ahead to load (counted as acquiring); ends any that failed, so that
+        the topology needing it starts its own and meets the failure, if any, as its own."""
+        for ident, load in list(self.loading.items()):
+            if self.ahead.runner.wait(load) is None:
+                self._end(ident)
+            del self.loading[ident]
 
     def _free_gpus(self, fresh: set[Identity]) -> None:
         """Ends the idle actors that hold a GPU a fresh executor needs. An idle CPU group claims no
@@ -216,6 +254,7 @@ class PoolManager:
         return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
                 "actors_replaced": self.actors_replaced, "actors_released": self.actors_released,
                 "standalone_measured": len(self.standalone_cache), "compiled_ahead": self.ahead.started,
+                "actors_started_ahead": self.actors_ahead,
                 "compiled_ahead_s": round(self.ahead.compile_s), "ahead_waited_s": round(self.ahead.waited_s)}
 
     def calibrate(self, seconds: float) -> float:
@@ -225,6 +264,7 @@ class PoolManager:
 
     def shutdown(self) -> None:
         self.ahead.abandon()
+        self.loading.clear()
         for actor in self.live.values():
             self.kill(actor)
         self.live.clear()

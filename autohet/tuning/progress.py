@@ -96,8 +96,12 @@ class Progress:
 
 
 def _ahead(stats: dict[str, int]) -> str:
-    """The compiles done ahead on idle GPUs (``autohet.tuning.ahead``), where there were any."""
-    if not stats.get("compiled_ahead"):
-        return ""
-    return (f", {stats['compiled_ahead']} settings compiled ahead on idle GPUs ({stats.get('compiled_ahead_s', 0)} s "
-            f"compiling; trials waited {stats.get('ahead_waited_s', 0)} s for them)")
+    """What was made ready ahead while trials ran elsewhere (``autohet.tuning.ahead``), where anything was."""
+    parts = []
+    if stats.get("compiled_ahead"):
+        parts.append(f"{stats['compiled_ahead']} settings compiled ahead on idle GPUs "
+                     f"({stats.get('compiled_ahead_s', 0)} s compiling; trials waited {stats.get('ahead_waited_s', 0)} "
+                     "s for them)")
+    if stats.get("actors_started_ahead"):
+        parts.append(f"CPU executors started ahead on idle cores: {stats['actors_started_ahead']}")
+    return "".join(f", {part}" for part in parts)
