@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -504,8 +506,15 @@ def test_a_compile_ahead_runs_on_the_cores_it_is_given_and_the_thread_is_pinned_
         compile_module(Probe(), "default", torch.zeros(1))  # outside it: the process's cores again
         seen["after"] = os.sched_getaffinity(0)
 
-    thread = threading.Thread(target=executor_thread)
-    thread.start()
-    thread.join()
+    # a worker an earlier compile started (inductor keeps its pool) is moved onto the given cores too
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        thread = threading.Thread(target=executor_thread)
+        thread.start()
+        thread.join()
+        assert os.sched_getaffinity(worker.pid) == {other}
+    finally:
+        worker.kill()
+        worker.wait()
     assert seen["ahead"]["cores"] == {other} and seen["ahead"]["workers"] == 1
     assert seen["cores"] == cores and seen["after"] == {feeder}

@@ -409,7 +409,7 @@ class FakeAhead:
     """Records the ahead work the manager starts and waits for; each job "compiled" for 2 s; the loads of
     actors started ahead (strings, ``FakePool.launch``) end at once, or fail where ``failing`` names them."""
 
-    def __init__(self, failing: tuple[str, ...] = ()) -> None:
+    def __init__(self, failing: tuple[Any, ...] = ()) -> None:
         self.started: list[tuple[Any, dict[str, Any], frozenset[int]]] = []
         self.waited: list[Any] = []
         self.failing = failing
@@ -420,9 +420,9 @@ class FakeAhead:
 
     def wait(self, handle: Any) -> float | None:
         self.waited.append(handle)
-        if isinstance(handle, str):
-            return None if handle in self.failing else 0.0
-        return 2.0
+        if handle in self.failing:
+            return None
+        return 0.0 if isinstance(handle, str) else 2.0
 
 
 @pytest.fixture
@@ -544,3 +544,38 @@ def test_a_topology_starts_ahead_only_once_the_compiles_ahead_are_done(two_gpu_m
     assert ahead.waited == [0, 1] and len(manager.loading) == 1
     manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # a GPU trial: no wait on the load
     assert ahead.waited == [0, 1]
+
+
+def test_a_compile_ahead_that_failed_ends_its_executor_and_the_topology_starts_a_fresh_one(
+        two_gpu_machine: PoolSpec) -> None:
+    """Its actor may have died (a GPU out of memory) or hold a setting it could not set up."""
+    killed: list = []
+    ahead = FakeAhead(failing=(0,))
+    manager = _ahead_manager(two_gpu_machine, ahead, killed=killed)
+    _, before, _ = manager.acquire({}, {}, only=[0])
+    _, after, _ = manager.acquire({}, {}, only=[1])  # gpu1's own trial: waits for its job, which failed
+    assert ahead.waited == [0] and killed == [before[1]]
+    assert after[1] != before[1] and after[0] == before[0]  # gpu1 started afresh, the rest adopted
+
+
+def test_an_executor_index_past_the_topology_is_left_to_the_strategy_to_refuse(two_gpu_machine: PoolSpec) -> None:
+    """A single's index is drawn for the largest topology: ahead work neither fails on it nor runs beside it."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead)
+    manager.acquire({}, {}, only=[0])
+    spec, _, _ = manager.acquire({}, {}, only=[len(two_gpu_machine.executors) + 5])
+    assert ahead.waited == [0] and len(ahead.started) == 1 and len(spec.executors) == len(two_gpu_machine.executors)
+
+
+def test_a_tune_with_an_energy_objective_plans_nothing_ahead() -> None:
+    """The energy meter counts every GPU of the pool and the CPU packages during a run."""
+    from autohet.core.objectives import ObjectiveSet
+    from autohet.tuning.tuner import _plan_ahead
+
+    class Unreachable:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the manager was asked: {name}")
+
+    _plan_ahead(Unreachable(), _PLAN, ObjectiveSet.parse("throughput,energy"))
+    _plan_ahead(Unreachable(), [], ObjectiveSet.parse("throughput"))
+    assert ObjectiveSet.parse("latency,energy").meters_energy and not ObjectiveSet.parse("throughput").meters_energy

@@ -206,6 +206,12 @@ class ObjectiveSet:
         return len(self.objectives) > 1
 
     @property
+    def meters_energy(self) -> bool:
+        """An objective is read from the energy meter, which counts every GPU of the pool and the CPU
+        packages during a run: work beside the trial (``autohet.tuning.ahead``) would count in it."""
+        return ENERGY in self.objectives
+
+    @property
     def search_metric(self) -> str | list[str]:
         """The result keys the searcher optimises: every objective's for a front, else the primary's."""
         return [o.key for o in self.objectives] if self.multi else PRIMARY_METRIC

@@ -21,7 +21,7 @@ import torch
 from autohet.core.errors import UserError
 from autohet.executors.backends import BACKENDS
 from autohet.executors.machine import compile_cache_dir, cpu_flags, native_cpu_bf16, use_compile_cache
-from autohet.platform.cores import process_cores
+from autohet.platform.cores import pin_descendants, process_cores
 
 __all__ = ["GraphedCall", "check_backend", "compile_cache_dir", "compile_module", "compiling_on",
            "compiling_on_process_cores", "cpu_flags", "graph_call", "native_cpu_bf16", "unsupported",
@@ -114,6 +114,8 @@ def compiling_on_process_cores() -> Iterator[None]:
     pinned = os.sched_getaffinity(tid)
     workers = int(os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") or min(MAX_COMPILE_THREADS, len(cores)))
     inductor_config.compile_threads = workers
+    if given:
+        pin_descendants(frozenset(cores))  # workers an earlier compile started keep their cores otherwise
     os.sched_setaffinity(tid, cores)
     try:
         yield

@@ -8,8 +8,10 @@ first pinning instead of the calling thread's affinity.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["copy_cores", "note_feeder_cores", "note_process_cores", "process_cores"]
+__all__ = ["copy_cores", "descendants", "note_feeder_cores", "note_process_cores", "pin_descendants",
+           "process_cores"]
 
 _PROCESS_CORES: frozenset[int] | None = None  # the cores of the first thread an executor pinned, before it did
 _FEEDER_CORES: set[int] = set()  # the cores GPU executors of this process pinned their launching threads to
@@ -53,3 +55,31 @@ def copy_cores() -> frozenset[int]:
         return cores
     left = cores - _FEEDER_CORES
     return left or cores
+
+
+def descendants(pid: int | None = None) -> list[int]:
+    """The processes this one (or ``pid``) started, and theirs (Linux ``/proc``; none where unreadable)."""
+    out: list[int] = []
+    todo = [pid or os.getpid()]
+    while todo:
+        for task in Path(f"/proc/{todo.pop()}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += children
+            todo += children
+    return out
+
+
+def pin_descendants(cores: frozenset[int]) -> None:
+    """Moves the processes this one started onto ``cores`` (those that ended meanwhile are skipped):
+    inductor's compile workers keep the affinity they were started with, so compiles ahead on other cores
+    (``executors.compiled.compiling_on``) would otherwise reuse workers started on every core."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    for child in descendants():
+        try:
+            os.sched_setaffinity(child, cores)
+        except OSError:
+            continue

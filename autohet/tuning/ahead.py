@@ -132,15 +132,19 @@ class CompileAhead:
         needed = {setting(e) for e in mine}
         return [j for j in self.jobs if j.executor in names or j.gpu in gpus or j.setting in needed]
 
-    def settle(self, jobs: list[_Job]) -> float:
-        """Waits for ``jobs``; returns the seconds waited."""
+    def settle(self, jobs: list[_Job]) -> list[Identity]:
+        """Waits for ``jobs``; returns the executors whose job failed (its actor may have died, or hold a
+        setting it could not set up: the manager ends it, and a fresh one starts when next needed)."""
         start = time.perf_counter()
+        failed = []
         for job in jobs:
-            self.compile_s += self.runner.wait(job.handle) or 0.0
+            compiled = self.runner.wait(job.handle)
+            if compiled is None:
+                failed.append(job.executor)
+            self.compile_s += compiled or 0.0
             self.jobs.remove(job)
-        waited = time.perf_counter() - start
-        self.waited_s += waited
-        return waited
+        self.waited_s += time.perf_counter() - start
+        return failed
 
     def start(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
@@ -167,8 +171,9 @@ class CompileAhead:
         return given
 
     def on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
-        """Whether the trial's executors pin any of the cores ahead work compiles on (a CPU group's)."""
-        return any(set(spec.executors[i].pinned_cores) & self.cores for i in used)
+        """Whether the trial runs on cores ahead work may use: any executor but a GPU (a CPU group's cores,
+        whatever ``cores`` holds), or a GPU fed from one of ``cores``."""
+        return any(not spec.executors[i].uses_gpu or set(spec.executors[i].pinned_cores) & self.cores for i in used)
 
     def _next(self, executor: ExecutorSpec) -> dict[str, Any] | None:
         for entry in self.plan:

@@ -164,8 +164,8 @@ class FirstPoints:
         whose backend compiles, then the same at the batch walk's first step up); then, beside a GPU, each
         topology its singles start after the first (``pool`` entries: the CPU group of every core). The walk's
         step is filled with the best single's backend, unknown yet: when a compiled backend wins, as inductor
-        did in every two-GPU tune (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does,
-        only idle GPUs and cores were spent on it."""
+        did in every two-GPU tune (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does, the
+        compile was spent for nothing, and the GPUs-together trials wait for it to end if it still runs."""
         out: list[dict[str, dict[str, Any]]] = []
         if self.gpus_together:
             compiled = [_gpu_settings(p) for p in self.singles if "exec.gpu.backend" in p
@@ -305,7 +305,8 @@ def _gpu_singles(space: SearchSpace, index: int, defaults: dict[str, Any], mode:
     """Single on a GPU at its defaults, then one change at a time: each backend (the compiled ones
     first), then each batch choice (a handful of points, not a grid). torch.compile is what a user
     would run instead, so it goes early: a short tune can end before later points (docs/why.md,
-    tuning/initial.py)."""
+    tuning/initial.py). On several GPUs ``staged_points`` runs the compiled ones last instead: another
+    GPU compiles them meanwhile."""
     base = {"strategy": BASELINE, f"{BASELINE}.executor": index, **defaults}
     ours: list[dict[str, Any]] = [base]
     for name in ("backend", "batch"):

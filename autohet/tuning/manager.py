@@ -98,9 +98,11 @@ class PoolManager:
         key = tuple(identity(e) for e in spec.executors)
         self.acquires += 1
         compile_s = 0.0
+        # an index past this topology's executors (a single drawn for a larger one) is the strategy's to refuse
+        used = None if only is None else [i for i in only if 0 <= i < len(spec.executors)]
+        self._end_failed(self.ahead.settle(self.ahead.conflicts(spec.with_executor_params(exec_params), used,
+                                                                key != self.key or self.pool is None)))
         fresh = key != self.key or self.pool is None
-        used = None if only is None else list(only)
-        self.ahead.settle(self.ahead.conflicts(spec.with_executor_params(exec_params), used, fresh))
         if fresh or not used or self.ahead.on_our_cores(spec, used):
             self._settle_loading()
         if fresh:
@@ -143,6 +145,13 @@ class PoolManager:
             self.live[ident], self.loading[ident] = pool.actors[i], load
             self.last_used[ident] = self.acquires
         self.actors_ahead += len(loads)
+
+    def _end_failed(self, executors: list[Identity]) -> None:
+        """Ends the executors whose ahead work failed; the next acquire starts the topology again (fresh ones
+        for these, the others adopted)."""
+        for ident in executors:
+            self._end(ident)
+            self.key = None
 
     def _settle_loading(self) -> None:
         """Waits for the actors started ahead to load (counted as acquiring); ends any that failed, so that
@@ -220,7 +229,8 @@ class PoolManager:
         compiling ahead meanwhile, is left to it (``autohet.tuning.ahead``)."""
         assert self.pool is not None, "acquire() first"
         due = self.standalone_cache.due(self.pool, max_images, used)
-        self.ahead.settle(self.ahead.conflicts(self.pool.spec, due, new_topology=False) if due else [])
+        if due:
+            self._end_failed(self.ahead.settle(self.ahead.conflicts(self.pool.spec, due, new_topology=False)))
         self.pool.configure_rest(due)
         return self.standalone_cache.measure(self.pool, seconds, max_images, used=used)
 

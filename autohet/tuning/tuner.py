@@ -72,8 +72,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         finals = _finals_on(settings)
         if remaining > 0:
             search = make_searcher(model, settings, space, pool.spec, exp.name, storage, resume)
-            if search.ahead:
-                pool.manager.plan_ahead.remote(search.ahead)
+            _plan_ahead(pool.manager, search.ahead, objectives)
             run_search(search, setup, remaining, budget_s * (1 - FINAL_SHARE) if finals else budget_s, exp.dir,
                         record.logger, progress, logged)
         if finals:
@@ -125,6 +124,16 @@ def _start_pool(model: ModelSpec, settings: TuneSettings, address: str | None, e
     manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
     manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
     return TunePool(pool_spec, bank, manager_name, manager)
+
+
+def _plan_ahead(manager: Any, plan: list[dict[str, dict[str, Any]]], objectives: ObjectiveSet) -> None:
+    """The first points' plan to the manager (``autohet.tuning.ahead``), taken before the first trial asks
+    for executors; none where energy is an objective: work beside a trial would count in its energy."""
+    if not plan or objectives.meters_energy:
+        return
+    import ray
+
+    ray.get(manager.plan_ahead.remote(plan))
 
 
 def _finals_on(settings: TuneSettings) -> bool:
