@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -52,21 +51,19 @@ def child(model: str, budget: float, ahead: bool) -> None:
     raise SystemExit(cli(["tune", "--model", model, "--time-budget", str(budget), "--experiment", "ahead"]))
 
 
-def trials(db: Path) -> list[dict[str, Any]]:
+def trials(db: Path, experiment: str = "ahead") -> list[dict[str, Any]]:
     """Each trial's strategy, GPU setting and seconds acquiring and compiling, in the order they ran."""
-    con = sqlite3.connect(db)
+    from autohet.tracking import experiment_runs
+
+    _, _, runs = experiment_runs(experiment, f"sqlite:///{db}")
     rows = []
-    for (run,) in con.execute("select run_uuid from runs order by start_time"):
-        params = dict(con.execute("select key, value from params where run_uuid = ?", (run,)).fetchall())
-        metrics = dict(con.execute("select key, value from metrics where run_uuid = ?", (run,)).fetchall())
-        if "strategy" not in params:
-            continue  # the parent run
-        rows.append({"strategy": params["strategy"], "executor": params.get("single.executor"),
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        params, metrics = run.data.params, run.data.metrics
+        rows.append({"strategy": params.get("strategy"), "executor": params.get("single.executor"),
                      "backend": params.get("exec.gpu.backend"), "batch": params.get("exec.gpu.batch"),
                      "groups": params.get("pool.max_cpu_groups"), "cpu_group": params.get("pool.cpu_group_size"),
                      "acquire_s": metrics.get("time.acquire_s"), "compile_s": metrics.get("time.compile_s"),
-                     "standalone_s": metrics.get("time.standalone_s"),
-                     "ips": metrics.get("throughput_ips")})
+                     "standalone_s": metrics.get("time.standalone_s"), "ips": metrics.get("throughput_ips")})
     return rows
 
 
