@@ -579,3 +579,58 @@ def test_a_tune_with_an_energy_objective_plans_nothing_ahead() -> None:
     _plan_ahead(Unreachable(), _PLAN, ObjectiveSet.parse("throughput,energy"))
     _plan_ahead(Unreachable(), [], ObjectiveSet.parse("throughput"))
     assert ObjectiveSet.parse("latency,energy").meters_energy and not ObjectiveSet.parse("throughput").meters_energy
+
+
+def test_each_idle_gpu_sets_up_the_planned_settings_it_lacks_cold_ones_first(two_gpu_machine: PoolSpec) -> None:
+    """Issue 46: in a two-GPU tune the GPUs-together trial waited 22.7 s for the walk's compile ahead on the
+    GPU it needed (BENCHMARKS.md 42). A GPU sets up ahead what it lacks, a setting no executor holds first;
+    a trial whose executors hold their settings waits for no job compiling them elsewhere; an ended actor's
+    settings are forgotten."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead)
+    _, actors, _ = manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # gpu0 sets b256 up itself
+    assert [(actor, params) for actor, params, _ in ahead.started] == [(actors[1], {**_INDUCTOR, "batch": 512})]
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # gpu0 lacks it: waits for the compile
+    assert ahead.waited == [0] and ahead.started[1][:2] == (actors[1], _INDUCTOR)  # then gpu1 sets up b256
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # gpu0 holds b256: gpu1's job on it is no reason to wait
+    assert ahead.waited == [0]
+    manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # both GPUs: gpu1's job first
+    assert ahead.waited == [0, 1]
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
+    assert len(ahead.started) == 2  # each GPU holds the whole plan
+    manager.replace([1])  # a cut trial ends gpu1: a fresh one lacks both, and sets b256 up first
+    _, fresh, _ = manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
+    assert fresh[1] != actors[1] and ahead.started[2][:2] == (fresh[1], _INDUCTOR)
+
+
+def test_on_four_gpus_two_cold_compiles_run_at_once_and_no_setting_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool_spec_module.os, "sched_getaffinity", lambda _pid: set(range(12)), raising=False)
+    monkeypatch.setattr(pool_spec_module, "_local_gpus", lambda: 4)
+    FakePool.made = []
+    four = load_pool("actors/auto.yaml")
+    assert [e.gpu for e in four.executors if e.is_gpu] == [0, 1, 2, 3]
+    ahead = FakeAhead()
+    manager = PoolManager(four, ModelSpec("lenet"), Workload(np.zeros((2, 1, 28, 28), dtype=np.float32), 64), "t",
+                          pool_factory=FakePool, kill=[].append, ahead=ahead, cores=frozenset(range(12)),
+                          max_live_actors=64)
+    manager.plan_ahead(_PLAN)
+    _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    assert [(actor, params) for actor, params, _ in ahead.started] == [
+        (actors[1], _INDUCTOR), (actors[2], {**_INDUCTOR, "batch": 512})]  # gpu3: both are compiling
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # waits for gpu1's compile; then gpu3 sets b256 up warm
+    assert ahead.waited == [0] and [(a, p["batch"]) for a, p, _ in ahead.started[2:]] == [(actors[3], 256)]
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # waits for gpu2's; gpu1 sets b512 up
+    assert ahead.waited == [0, 1] and [(a, p["batch"]) for a, p, _ in ahead.started[3:]] == [(actors[1], 512)]
+
+
+def test_the_gpus_together_on_live_actors_do_not_wait_for_a_cpu_group_loading(two_gpu_machine: PoolSpec) -> None:
+    """The group of every core loads on the cores no GPU feeds; a trial of the GPUs alone runs beside it, as a
+    GPU single does; a topology that starts actors of its own, or a trial on a CPU group, waits for it."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead, [_ONE_GROUP])
+    manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    assert len(manager.loading) == 1
+    together, _, _ = manager.acquire({"max_cpu_groups": 0}, {"gpu": {"backend": "eager"}})
+    assert [e.kind for e in together.executors] == ["gpu", "gpu"] and ahead.waited == [] and manager.loading
+    manager.acquire({"cpu_group_size": 2}, {}, only=[0])  # new CPU actors of its own: waits first
+    assert len(ahead.waited) == 1 and not manager.loading

@@ -14,9 +14,10 @@ __all__ = [
     "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CHUNK_READ", "CLOSE_TO_BEST",
     "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE",
     "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
-    "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "OBJECT_STORE_BYTES", "PIECES_AHEAD",
-    "PIPELINE_DEPTH", "PROBE_GAP_BATCHES", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW", "RETRIES",
-    "RETRY_DELAY_S", "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar", "env",
+    "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "NEGLIGIBLE_SHARE", "OBJECT_STORE_BYTES",
+    "PIECES_AHEAD", "PIPELINE_DEPTH", "PROBE_GAP_BATCHES", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW",
+    "RETRIES", "RETRY_DELAY_S", "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar",
+    "env",
 ]
 
 # --- measurement ------------------------------------------------------------------------------------------
@@ -39,6 +40,10 @@ past it, or where one more acquiring would pass it, sampled points keep the best
 
 CLOSE_TO_BEST = 0.85
 """A CPU variant whose whole-group single came this close to the best runs a split probe."""
+
+NEGLIGIBLE_SHARE = 0.02
+"""Beside several GPUs, a CPU group whose first single came under this share of the best GPU single's figure
+runs no other variant: it adds under 1% to two GPUs, within their trials' spread (BENCHMARKS.md 39, 42)."""
 
 PROBES_MOST = 2
 """At most this many split probes (each over new groups builds anew)."""

@@ -5,7 +5,10 @@ others idle, and a setting whose backend compiles (inductor) costs 12-54 s to se
 warm compile cache (BENCHMARKS.md 40). So the settings the first points will compile (``FirstPoints.ahead``)
 are set up meanwhile on an idle GPU's own executor, its compiles on the cores no GPU feeds, into the cache
 every executor shares: the trial that needs one on its own GPU finds it warm, and the idle GPU holds it
-for when the GPUs run together.
+for when the GPUs run together. Each idle GPU sets up every planned setting it does not hold, a setting no
+executor holds yet first (the cold compile is the long one), and never one another job is compiling (it
+would compile the same program cold beside it): on two GPUs the idle one compiles each setting once; on
+four, two cold compiles run at once and the others set up from the cache.
 
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
 (its executor or GPU, the setting it compiles, the cores of a CPU group, or another topology's start) first
@@ -95,15 +98,15 @@ class _Job:
 
 class CompileAhead:
     """The manager's ahead work: the plan (``plan``: by-kind executor params, in the order the tune will
-    need them), the jobs running, and what they cost. Settings a trial already set up are never compiled
-    ahead; each planned setting is started once."""
+    need them), the jobs running, what each executor holds set up, and what the work cost. An executor
+    never sets up ahead a setting it holds (a trial set it up, or a job did)."""
 
     def __init__(self, runner: AheadRunner, cores: frozenset[int]) -> None:
         self.runner = runner
         self.cores = cores
         self.plan: list[dict[str, dict[str, Any]]] = []
         self.jobs: list[_Job] = []
-        self.taken: set[Setting] = set()  # set up by a trial, or started ahead
+        self.held: dict[Identity, set[Setting]] = {}  # executor -> the settings its actor holds set up
         self.started = 0
         self.compile_s = 0.0  # what the ahead work compiled
         self.waited_s = 0.0  # what trials waited for it
@@ -113,15 +116,24 @@ class CompileAhead:
         self.plan = [dict(entry) for entry in plan if "pool" not in entry]
 
     def note_set_up(self, spec: PoolSpec, indices: Collection[int]) -> None:
-        """The settings a trial's executors were just set up at: compiled, not worth compiling ahead."""
-        self.taken.update(setting(spec.executors[i]) for i in indices)
+        """The settings a trial's executors were just set up at: held, not worth setting up ahead there."""
+        for i in indices:
+            self.held.setdefault(identity(spec.executors[i]), set()).add(setting(spec.executors[i]))
+
+    def forget(self, executor: Identity) -> None:
+        """``executor``'s actor ended: it holds nothing."""
+        self.held.pop(executor, None)
+
+    def holds(self, executor: ExecutorSpec) -> bool:
+        """Whether ``executor``'s actor holds its setting set up (a trial there compiles nothing)."""
+        return setting(executor) in self.held.get(identity(executor), ())
 
     def conflicts(self, spec: PoolSpec, used: list[int] | None, new_topology: bool) -> list[_Job]:
         """The running jobs a trial on ``spec`` (its executors at the trial's settings) must wait for before
         it is set up: all of them for another topology (its new actors load on the cores), for a trial on
         every executor (``used`` None, or ``[]``: an engine family runs on the devices themselves) or on the
-        jobs' cores (a CPU group's); else those on its executors or GPUs, or compiling a setting it needs
-        (its own compile would run the same one cold, beside it)."""
+        jobs' cores (a CPU group's); else those on its executors or GPUs, or compiling a setting one of its
+        executors does not hold (its own compile would run the same one cold, beside it)."""
         if not self.jobs:
             return []
         if new_topology or not used or self.on_our_cores(spec, used):
@@ -129,7 +141,7 @@ class CompileAhead:
         mine = [spec.executors[i] for i in used]
         names = {identity(e) for e in mine}
         gpus = {(e.node, e.gpu) for e in mine}
-        needed = {setting(e) for e in mine}
+        needed = {setting(e) for e in mine if not self.holds(e)}
         return [j for j in self.jobs if j.executor in names or j.gpu in gpus or j.setting in needed]
 
     def settle(self, jobs: list[_Job]) -> list[Identity]:
@@ -141,6 +153,9 @@ class CompileAhead:
             compiled = self.runner.wait(job.handle)
             if compiled is None:
                 failed.append(job.executor)
+                self.forget(job.executor)
+            else:
+                self.held.setdefault(job.executor, set()).add(job.setting)
             self.compile_s += compiled or 0.0
             self.jobs.remove(job)
         self.waited_s += time.perf_counter() - start
@@ -148,8 +163,8 @@ class CompileAhead:
 
     def start(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
-        job yet) the plan's next setting not yet taken whose backend compiles; none while the trial runs on
-        the cores they would compile on. Returns the GPUs' indices."""
+        job yet) a planned setting whose backend compiles (``_next``); none while the trial runs on the cores
+        they would compile on. Returns the GPUs' indices."""
         if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
             return []
         busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
@@ -161,10 +176,9 @@ class CompileAhead:
                 continue
             params = self._next(e)
             if params is None:
-                break
+                continue
             ahead = e.with_params(params)
             self.jobs.append(_Job(identity(e), gpu, setting(ahead), self.runner.start(actors[i], params, self.cores)))
-            self.taken.add(setting(ahead))
             self.started += 1
             busy.add(gpu)
             given.append(i)
@@ -176,14 +190,20 @@ class CompileAhead:
         return any(not spec.executors[i].uses_gpu or set(spec.executors[i].pinned_cores) & self.cores for i in used)
 
     def _next(self, executor: ExecutorSpec) -> dict[str, Any] | None:
+        """The params of the plan's first setting ``executor`` does not hold and no job is compiling, whose
+        backend compiles; of those, first one no executor holds yet (a cold compile, the long one)."""
+        mine = self.held.get(identity(executor), set())
+        compiling = {job.setting for job in self.jobs}
+        candidates = []
         for entry in self.plan:
             params = entry.get(executor.kind)
             if params is None:
                 continue
-            ahead = executor.with_params(params)
-            if backend(ahead.backend).compiles and setting(ahead) not in self.taken:
-                return params
-        return None
+            ahead = setting(executor.with_params(params))
+            if backend(ahead.backend).compiles and ahead not in mine and ahead not in compiling:
+                candidates.append((ahead, params))
+        cold = [params for ahead, params in candidates if not any(ahead in held for held in self.held.values())]
+        return (cold or [params for _, params in candidates] or [None])[0]
 
     def abandon(self) -> None:
         """Forgets the running jobs (their actors are being ended)."""

@@ -81,24 +81,28 @@ class Known:
     its best single's ``exec.<kind>.*`` values; ``cpu_group``: the ``pool.cpu_group_size`` the best CPU
     single ran at; ``close_cpu``: the ``exec.cpu.*`` values but the batch of each CPU variant whose single
     came close to the best (the best first); ``cpu_split``: the group size the split probes ran on and
-    the winning probe's ``exec.cpu.*`` values (``split_winner``)."""
+    the winning probe's ``exec.cpu.*`` values (``split_winner``); ``negligible``: the kinds whose best
+    single came under ``NEGLIGIBLE_SHARE`` of another kind's best."""
 
     best: dict[str, dict[str, Any]] = field(default_factory=dict)
     cpu_group: Any = None
     close_cpu: tuple[dict[str, Any], ...] = ()
     cpu_split: tuple[Any, dict[str, Any]] | None = None
+    negligible: frozenset[str] = frozenset()
 
 
 class Stage(NamedTuple):
     """Points that go in once the stage before has run, each at the best singles' settings so far,
     except for its own values of ``keep``; with ``per_close_cpu``, each point once per close CPU
     variant (``Known.close_cpu``) instead of the best's; with ``when_best`` (an ``exec.<kind>.*`` name
-    and a value), only where the best single of that kind so far has that value (``batch_walk``)."""
+    and a value), only where the best single of that kind so far has that value (``batch_walk``); with
+    ``unless_negligible`` (a kind), only where that kind's best single is not negligible (``Known``)."""
 
     points: list[dict[str, Any]]
     keep: frozenset[str] = frozenset()
     per_close_cpu: bool = False
     when_best: tuple[str, Any] | None = None
+    unless_negligible: str | None = None
 
     def filled(self, known: Known) -> list[dict[str, Any]]:
         """A point on groups of another size than the best CPU single's keeps its own CPU batch: a batch
@@ -109,6 +113,8 @@ class Stage(NamedTuple):
             name, value = self.when_best
             if known.best.get(name.split(".")[1], {}).get(name) != value:
                 return []
+        if self.unless_negligible in known.negligible:
+            return []
         if self.per_close_cpu:
             return [{**with_best(point, known.best, self.keep | {"exec.cpu.batch"}), **variant}
                     for point in self.points for variant in known.close_cpu]
@@ -129,11 +135,12 @@ class FirstPoints:
     (``batches``), the split probes (``probes``), then stage two (strategies); each stage after the
     first is filled from what the ones before it measured.
 
-    On a pool of several GPUs stage one is each GPU setting's single alone (its backends), then every
-    GPU together (``gpus_together``: data-parallel over the GPUs without the CPU groups, at the best
-    single's settings), then the GPU's other batches (``gpu_batches``) and the CPU group's singles
-    (``cpu_singles``), then the rest as on one GPU: where dividing the work pays (docs/why.md,
-    tuning/initial.py), it is measured right after the GPUs' own speed."""
+    On a pool of several GPUs stage one is each GPU setting's single alone (its backends), then the GPU's
+    other batches (``gpu_batches``, walked), then every GPU together (``gpus_together``: data-parallel over
+    the GPUs without the CPU groups, at the best single's settings, its batch included), then the CPU
+    group's singles (``cpu_singles``: its other variants only where its first is not negligible beside a
+    GPU), then the rest as on one GPU: where dividing the work pays (docs/why.md, tuning/initial.py), it is
+    measured right after the GPUs' own speed."""
 
     singles: list[dict[str, Any]]
     strategies: list[dict[str, Any]]
@@ -149,8 +156,9 @@ class FirstPoints:
         the probes' settings, so the whole group's other batches feed only its ``single`` and go last: the
         batch stage can take much of a tune for little gain (docs/why.md, tuning/initial.py)."""
         batches = Stage(self.batches, frozenset({"exec.cpu.batch"}))
-        gpus = [Stage(self.gpus_together), *batch_walk(self.gpu_batches, self.gpu_batch),
-                Stage(self.cpu_singles, _CPU_KEYS)] if self.gpus_together else []
+        gpus = [*batch_walk(self.gpu_batches, self.gpu_batch), Stage(self.gpus_together),
+                Stage(self.cpu_singles[:1], _CPU_KEYS),
+                Stage(self.cpu_singles[1:], _CPU_KEYS, unless_negligible="cpu")] if self.gpus_together else []
         if self.probes:
             return [*gpus, Stage(self.probes, per_close_cpu=True), Stage(self.strategies), batches]
         return [*gpus, batches, Stage(self.strategies)]
@@ -165,7 +173,7 @@ class FirstPoints:
         topology its singles start after the first (``pool`` entries: the CPU group of every core). The walk's
         step is filled with the best single's backend, unknown yet: when a compiled backend wins, as inductor
         did in every two-GPU tune (BENCHMARKS.md 34, 39), its setting is the walk's first; when none does, the
-        compile was spent for nothing, and the GPUs-together trials wait for it to end if it still runs."""
+        compile was spent for nothing, and the trials after wait for it to end if it still runs."""
         out: list[dict[str, dict[str, Any]]] = []
         if self.gpus_together:
             compiled = [_gpu_settings(p) for p in self.singles if "exec.gpu.backend" in p

@@ -103,7 +103,7 @@ class PoolManager:
         self._end_failed(self.ahead.settle(self.ahead.conflicts(spec.with_executor_params(exec_params), used,
                                                                 key != self.key or self.pool is None)))
         fresh = key != self.key or self.pool is None
-        if fresh or not used or self.ahead.on_our_cores(spec, used):
+        if self._meets_loading(spec, used, fresh):
             self._settle_loading()
         if fresh:
             adopt = {i: self.live[i] for i in key if i in self.live}
@@ -153,6 +153,21 @@ class PoolManager:
             self._end(ident)
             self.key = None
 
+    def _meets_loading(self, spec: PoolSpec, used: list[int] | None, fresh: bool) -> bool:
+        """Whether a trial on ``spec`` must wait for the actors started ahead to load: an engine family's (it
+        runs on the devices themselves), one whose executors run on their cores (any CPU executor, or a GPU fed
+        from one), or a new topology that starts actors of its own (they would load beside). The GPUs
+        together on a topology of live actors are measured while a CPU group loads, as a GPU single is."""
+        if not self.loading:
+            return False
+        if used == []:
+            return True
+        loading = {c for ident in self.loading for c in ident.cores}
+        execs = spec.executors if used is None else [spec.executors[i] for i in used]
+        if any(not e.uses_gpu or set(e.pinned_cores) & loading for e in execs):
+            return True
+        return fresh and any(identity(e) not in self.live for e in spec.executors)
+
     def _settle_loading(self) -> None:
         """Waits for the actors started ahead to load (counted as acquiring); ends any that failed, so that
         the topology needing it starts its own and meets the failure, if any, as its own."""
@@ -183,16 +198,19 @@ class PoolManager:
         if actor is None:  # already ended with its group
             return
         self.kill(actor)
+        self.ahead.forget(ident)
         group = getattr(actor, "actor", None)
         if group is not None:
             for other in [k for k, a in self.live.items() if getattr(a, "actor", None) is group]:
                 self.live.pop(other)
+                self.ahead.forget(other)
 
     def _evict(self, current: set[tuple]) -> None:
         extra = len(self.live) - self.max_live_actors
         idle = sorted((i for i in self.live if i not in current), key=lambda i: self.last_used.get(i, 0))
         for ident in idle[: max(0, extra)]:
             self.kill(self.live.pop(ident))
+            self.ahead.forget(ident)
 
     def replace(self, indices: list[int]) -> None:
         """Ends the executors a cut trial left busy with abandoned work; fresh ones are started
@@ -275,8 +293,9 @@ class PoolManager:
     def shutdown(self) -> None:
         self.ahead.abandon()
         self.loading.clear()
-        for actor in self.live.values():
+        for ident, actor in self.live.items():
             self.kill(actor)
+            self.ahead.forget(ident)
         self.live.clear()
         self.pool, self.key = None, None
 

@@ -21,7 +21,7 @@ from typing import Any
 from ray.tune.search.optuna import OptunaSearch
 
 from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
-from autohet.core.settings import ACQUIRE_SHARE_CAP
+from autohet.core.settings import ACQUIRE_SHARE_CAP, NEGLIGIBLE_SHARE
 from autohet.executors import executor_kind
 from autohet.pool import PoolSpec
 from autohet.strategies import is_baseline
@@ -124,8 +124,13 @@ class StagedSearch(OptunaSearch):
         if self.split_probes and self._objectives is not None:
             group = self.split_probes[0][1]
             split = (group, split_winner([(f, values) for f, _, values in self.split_probes], self._objectives.primary))
+        negligible: set[str] = set()
+        if self._objectives is not None:
+            primary = self._objectives.primary
+            negligible = {kind for kind, (figure, _) in self.best.items() if any(
+                primary.share_of(figure, other) < NEGLIGIBLE_SHARE for k, (other, _) in self.best.items() if k != kind)}
         return Known({kind: values for kind, (_, values) in self.best.items()}, self.best_cpu_group,
-                     tuple(close), split)
+                     tuple(close), split, frozenset(negligible))
 
     def _keep_topology(self) -> None:
         """Over the acquire cap (``over_acquire_cap``), the next sampled point is asked with the best
