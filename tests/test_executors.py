@@ -518,3 +518,21 @@ def test_a_compile_ahead_runs_on_the_cores_it_is_given_and_the_thread_is_pinned_
         worker.wait()
     assert seen["ahead"]["cores"] == {other} and seen["ahead"]["workers"] == 1
     assert seen["cores"] == cores and seen["after"] == {feeder}
+
+
+def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure_names_its_cause() -> None:
+    """Issue 46: a second cold compile beside the idle GPU's own (``autohet.executors.aside``): the child sets the
+    setting up as its executor would, on the cores it is given, and reports; a setting it cannot set up fails
+    with the child's own last line."""
+    from autohet.core.models import ModelSpec
+    from autohet.executors import ExecutorSpec
+    from autohet.executors.aside import start_aside
+
+    cores = sorted(os.sched_getaffinity(0))[:1] if hasattr(os, "sched_getaffinity") else []
+    cpu = ExecutorSpec("cpu0", "cpu", tuple(cores) or (0,), batch=2)
+    report = start_aside(cpu, ModelSpec("lenet"), (1, 28, 28), frozenset(cores)).wait(timeout=120)
+    assert report["compile_s"] == 0.0  # exact: eager compiles nothing
+    assert report["cores"] == cores
+    gpu = ExecutorSpec("gpu99", "gpu", (), gpu=99, batch=2, precision="fp16")
+    with pytest.raises(RuntimeError, match="asks for GPU 99"):
+        start_aside(gpu, ModelSpec("lenet"), (1, 28, 28), frozenset(cores)).wait(timeout=120)

@@ -411,12 +411,17 @@ class FakeAhead:
 
     def __init__(self, failing: tuple[Any, ...] = ()) -> None:
         self.started: list[tuple[Any, dict[str, Any], frozenset[int]]] = []
+        self.aside: list[tuple[Any, dict[str, Any], frozenset[int]]] = []  # handles ("aside", i)
         self.waited: list[Any] = []
         self.failing = failing
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> int:
         self.started.append((actor, params, cores))
         return len(self.started) - 1
+
+    def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> tuple[str, int]:
+        self.aside.append((actor, params, cores))
+        return ("aside", len(self.aside) - 1)
 
     def wait(self, handle: Any) -> float | None:
         self.waited.append(handle)
@@ -451,27 +456,33 @@ def _ahead_manager(base: PoolSpec, ahead: FakeAhead, plan: list | None = None, k
 def test_an_idle_gpu_compiles_the_coming_settings_ahead_off_the_feeding_cores(two_gpu_machine: PoolSpec) -> None:
     """Issue 46: a two-GPU tune's inductor compiles were 49.7 s of efficientnet_b0's acquiring, each run
     while the other GPU idled (BENCHMARKS.md 39). While a single runs on gpu0, gpu1 compiles the plan's
-    settings in turn on the cores no GPU feeds; a trial that needs one waits for it, not compiling it again."""
+    settings on the cores no GPU feeds, the second in a child process beside the first (BENCHMARKS.md 42: one
+    after the other, the walk's single waited 39 s); a trial that needs one waits for it, not compiling it
+    again, and gpu1 then sets up from the cache the one its child compiled."""
     assert [(e.kind, e.cores) for e in two_gpu_machine.executors][:2] == [("gpu", (0,)), ("gpu", (1,))]
     ahead = FakeAhead()
     manager = _ahead_manager(two_gpu_machine, ahead)
     manager.acquire({}, {})  # every executor runs: none is idle
-    assert ahead.started == []
+    assert ahead.started == [] and ahead.aside == []
     _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
-    assert ahead.started == [(actors[1], _INDUCTOR, frozenset(range(2, 10)))]  # not cores 0 and 1
-    manager.standalone(0.1, 500, used=[0])  # the single's limit after its run: gpu0's alone, gpu1 left to its job
+    off_feeders = frozenset(range(2, 10))  # not cores 0 and 1
+    assert ahead.started == [(actors[1], _INDUCTOR, off_feeders)]
+    assert ahead.aside == [(actors[1], {**_INDUCTOR, "batch": 512}, off_feeders)]
+    manager.standalone(0.1, 500, used=[0])  # the single's limit after its run: gpu0's alone, gpu1 left to its jobs
     assert ahead.waited == [] and FakePool.made[-1].measured[-1] == [0]
     manager.acquire({}, {"gpu": {"backend": "cudagraphs"}}, only=[0])  # needs nothing gpu1 holds
-    assert ahead.waited == [] and len(ahead.started) == 1  # gpu1 still busy: no second job on it
-    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # the setting gpu1 compiles: waited for, then the next
-    assert ahead.waited == [0] and ahead.started[1] == (actors[1], {**_INDUCTOR, "batch": 512},
-                                                          frozenset(range(2, 10)))
-    together, _, _ = manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # another topology: waits
-    assert ahead.waited == [0, 1] and [e.kind for e in together.executors] == ["gpu", "gpu"]
+    assert ahead.waited == [] and len(ahead.started) == 1
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # the setting gpu1 compiles: that job waited for
+    assert ahead.waited == [0] and len(ahead.started) == 1  # gpu1's child still compiles: nothing new on it
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # the child's setting: waited for
+    assert ahead.waited == [0, ("aside", 0)]
+    assert ahead.started[1] == (actors[1], {**_INDUCTOR, "batch": 512}, off_feeders)  # from the cache, on gpu1
+    together, _, _ = manager.acquire({"max_cpu_groups": 0}, {"gpu": {**_INDUCTOR, "batch": 512}})  # waits for it
+    assert ahead.waited == [0, ("aside", 0), 1] and [e.kind for e in together.executors] == ["gpu", "gpu"]
     manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])
-    assert len(ahead.started) == 2  # the plan is done: each setting compiled once
+    assert len(ahead.started) == 2 and len(ahead.aside) == 1  # the plan is done: each GPU holds both
     stats = manager.stats()
-    assert (stats["compiled_ahead"], stats["compiled_ahead_s"]) == (2, 4)
+    assert (stats["compiled_ahead"], stats["compiled_ahead_s"]) == (3, 6)
 
 
 def test_a_trial_on_a_cpu_group_or_an_engine_waits_for_the_ahead_work_and_starts_none(
@@ -484,7 +495,7 @@ def test_a_trial_on_a_cpu_group_or_an_engine_waits_for_the_ahead_work_and_starts
         manager.acquire({}, {}, only=[0])
         assert len(ahead.started) == 1
         manager.acquire({}, {"cpu": {"batch": 8}}, only=trial)
-        assert ahead.waited == [0] and len(ahead.started) == 1
+        assert ahead.waited == [0, ("aside", 0)] and len(ahead.started) == 1
 
 
 def test_a_setting_a_trial_set_up_is_not_compiled_ahead_and_one_gpu_has_no_idle_gpu(
@@ -492,7 +503,8 @@ def test_a_setting_a_trial_set_up_is_not_compiled_ahead_and_one_gpu_has_no_idle_
     ahead = FakeAhead()
     manager = _ahead_manager(two_gpu_machine, ahead)
     manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # the first planned setting, set up by the trial
-    assert [params for _, params, _ in ahead.started] == [{**_INDUCTOR, "batch": 512}]
+    # gpu1: b512, which nobody holds, first; b256 then from the cache gpu0's set-up filled, on the same actor
+    assert [params for _, params, _ in ahead.started] == [{**_INDUCTOR, "batch": 512}, _INDUCTOR]
     ahead = FakeAhead()
     manager = _ahead_manager(nine_core_gpu_machine, ahead)
     for only in (None, [0], [3]):
@@ -539,11 +551,15 @@ def test_a_topology_starts_ahead_only_once_the_compiles_ahead_are_done(two_gpu_m
     manager = _ahead_manager(two_gpu_machine, ahead, [*_PLAN, _ONE_GROUP])
     manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
     manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
-    assert len(ahead.started) == 2 and not manager.loading  # b512 compiling on gpu1
-    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # waits for it; then the group starts
-    assert ahead.waited == [0, 1] and len(manager.loading) == 1
+    assert len(ahead.started) + len(ahead.aside) == 2 and not manager.loading  # b512 compiling beside gpu1
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # waits for it; gpu1 sets it up from
+    assert ahead.waited == [0, ("aside", 0)] and not manager.loading  # the cache: the group still waits
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # gpu1 done: then the group starts
+    assert ahead.waited == [0, ("aside", 0)] and not manager.loading and len(ahead.started) == 2
+    manager.acquire({"max_cpu_groups": 0}, {"gpu": {**_INDUCTOR, "batch": 512}})  # the GPUs together, after
+    assert ahead.waited == [0, ("aside", 0), 1] and len(manager.loading) == 1  # gpu1's job: the group starts
     manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # a GPU trial: no wait on the load
-    assert ahead.waited == [0, 1]
+    assert ahead.waited == [0, ("aside", 0), 1]
 
 
 def test_a_compile_ahead_that_failed_ends_its_executor_and_the_topology_starts_a_fresh_one(
@@ -553,8 +569,8 @@ def test_a_compile_ahead_that_failed_ends_its_executor_and_the_topology_starts_a
     ahead = FakeAhead(failing=(0,))
     manager = _ahead_manager(two_gpu_machine, ahead, killed=killed)
     _, before, _ = manager.acquire({}, {}, only=[0])
-    _, after, _ = manager.acquire({}, {}, only=[1])  # gpu1's own trial: waits for its job, which failed
-    assert ahead.waited == [0] and killed == [before[1]]
+    _, after, _ = manager.acquire({}, {}, only=[1])  # gpu1's own trial: waits for its jobs; its own failed
+    assert ahead.waited == [0, ("aside", 0)] and killed == [before[1]]
     assert after[1] != before[1] and after[0] == before[0]  # gpu1 started afresh, the rest adopted
 
 
@@ -564,7 +580,8 @@ def test_an_executor_index_past_the_topology_is_left_to_the_strategy_to_refuse(t
     manager = _ahead_manager(two_gpu_machine, ahead)
     manager.acquire({}, {}, only=[0])
     spec, _, _ = manager.acquire({}, {}, only=[len(two_gpu_machine.executors) + 5])
-    assert ahead.waited == [0] and len(ahead.started) == 1 and len(spec.executors) == len(two_gpu_machine.executors)
+    assert ahead.waited == [0, ("aside", 0)] and len(ahead.started) == 1
+    assert len(spec.executors) == len(two_gpu_machine.executors)
 
 
 def test_a_tune_with_an_energy_objective_plans_nothing_ahead() -> None:
@@ -588,19 +605,22 @@ def test_each_idle_gpu_sets_up_the_planned_settings_it_lacks_cold_ones_first(two
     settings are forgotten."""
     ahead = FakeAhead()
     manager = _ahead_manager(two_gpu_machine, ahead)
+    b512 = {**_INDUCTOR, "batch": 512}
     _, actors, _ = manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # gpu0 sets b256 up itself
-    assert [(actor, params) for actor, params, _ in ahead.started] == [(actors[1], {**_INDUCTOR, "batch": 512})]
-    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # gpu0 lacks it: waits for the compile
-    assert ahead.waited == [0] and ahead.started[1][:2] == (actors[1], _INDUCTOR)  # then gpu1 sets up b256
+    # gpu1: b512, which nobody holds, first; then b256 from the cache, one after the other on its actor
+    assert [(actor, params) for actor, params, _ in ahead.started] == [(actors[1], b512), (actors[1], _INDUCTOR)]
+    manager.acquire({}, {"gpu": b512}, only=[0])  # gpu0 lacks it: waits for its compile, not for the b256 job
+    assert ahead.waited == [0]
     manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # gpu0 holds b256: gpu1's job on it is no reason to wait
     assert ahead.waited == [0]
     manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # both GPUs: gpu1's job first
     assert ahead.waited == [0, 1]
     manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
     assert len(ahead.started) == 2  # each GPU holds the whole plan
-    manager.replace([1])  # a cut trial ends gpu1: a fresh one lacks both, and sets b256 up first
+    manager.replace([1])  # a cut trial ends gpu1: a fresh one lacks both, and sets them up from the cache
     _, fresh, _ = manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])
-    assert fresh[1] != actors[1] and ahead.started[2][:2] == (fresh[1], _INDUCTOR)
+    assert fresh[1] != actors[1] and [(a, p) for a, p, _ in ahead.started[2:]] == [(fresh[1], _INDUCTOR),
+                                                                                   (fresh[1], b512)]
 
 
 def test_on_four_gpus_two_cold_compiles_run_at_once_and_no_setting_twice(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -634,3 +654,23 @@ def test_the_gpus_together_on_live_actors_do_not_wait_for_a_cpu_group_loading(tw
     assert [e.kind for e in together.executors] == ["gpu", "gpu"] and ahead.waited == [] and manager.loading
     manager.acquire({"cpu_group_size": 2}, {}, only=[0])  # new CPU actors of its own: waits first
     assert len(ahead.waited) == 1 and not manager.loading
+
+
+def test_in_a_two_gpu_tunes_order_each_gpu_is_set_up_before_the_trial_that_needs_it(two_gpu_machine: PoolSpec) -> None:
+    """The first points' order on two GPUs (``staged_points``): gpu0's plain singles, then the compiled single
+    and the walk on gpu1, then both GPUs. gpu1 compiles b256 itself and b512 in a child; its singles wait for
+    their own compiles and set nothing up; gpu0, idle meanwhile, sets both up from the cache."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead)
+    b512 = {**_INDUCTOR, "batch": 512}
+    _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    manager.acquire({}, {"gpu": {"backend": "cudagraphs"}}, only=[0])
+    assert [(a, p) for a, p, _ in ahead.started] == [(actors[1], _INDUCTOR)] and ahead.aside[0][:2] == (actors[1], b512)
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[1])  # its GPU's jobs: both waited for
+    assert ahead.waited == [0, ("aside", 0)]
+    # gpu0, idle meanwhile, sets up both from the cache, one after the other
+    assert [(a, p) for a, p, _ in ahead.started[1:]] == [(actors[0], _INDUCTOR), (actors[0], b512)]
+    manager.acquire({}, {"gpu": b512}, only=[1])  # gpu1 sets it up from the cache; gpu0's jobs no reason to wait
+    assert ahead.waited == [0, ("aside", 0)]
+    manager.acquire({"max_cpu_groups": 0}, {"gpu": b512})  # both GPUs: gpu0's jobs first
+    assert ahead.waited == [0, ("aside", 0), 1, 2] and len(ahead.started) == 3

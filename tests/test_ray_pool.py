@@ -51,6 +51,10 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
         job = runner.start(pool.actors[1], {"batch": 4}, frozenset(pool.spec.executors[1].cores))
         assert runner.wait(job) == 0.0  # exact: eager compiles nothing
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
+        # or in a child of the actor's process, beside it: the actor holds nothing new after
+        beside = runner.start_aside(pool.actors[1], {"batch": 2}, frozenset(pool.spec.executors[1].cores))
+        assert runner.wait(beside) == 0.0  # exact: eager compiles nothing
+        assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
     finally:
         pool.shutdown()
 

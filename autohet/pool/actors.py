@@ -39,6 +39,7 @@ class ExecutorActor:
 
     def __init__(self, spec: ExecutorSpec, model: ModelSpec) -> None:
         self.executor = make_executor(spec, model)
+        self._aside: Any = None  # a setting being set up in a child process (``compile_aside``)
 
     def load(self, workload: Workload) -> dict[str, Any]:
         self.executor.load(workload)
@@ -57,6 +58,22 @@ class ExecutorActor:
 
         with compiling_on(frozenset(cores)):
             return self.configure(params)
+
+    def compile_aside(self, params: dict[str, Any], cores: list[int]) -> None:
+        """Starts setting ``params`` up in a child process on this actor's device and ``cores``, beside this
+        actor's own work, into the compile cache every executor shares; returns at once (``wait_aside``)."""
+        from autohet.executors.aside import start_aside
+
+        assert self.executor.workload is not None, "load() first"
+        if self._aside is not None:
+            self._aside.end()
+        self._aside = start_aside(self.executor.spec.with_params(params), self.executor.model_spec,
+                                  self.executor.workload.shape, frozenset(cores))
+
+    def wait_aside(self) -> dict[str, Any]:
+        """Blocks until the child ``compile_aside`` started ends; what it reports. Raises where it failed."""
+        aside, self._aside = self._aside, None
+        return aside.wait()
 
     def set_workload(self, workload: Workload) -> None:
         self.executor.set_workload(workload)

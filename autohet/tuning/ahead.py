@@ -7,11 +7,15 @@ are set up meanwhile on an idle GPU's own executor, its compiles on the cores no
 every executor shares: the trial that needs one on its own GPU finds it warm, and the idle GPU holds it
 for when the GPUs run together. Each idle GPU sets up every planned setting it does not hold, a setting no
 executor holds yet first (the cold compile is the long one), and never one another job is compiling (it
-would compile the same program cold beside it): on two GPUs the idle one compiles each setting once; on
-four, two cold compiles run at once and the others set up from the cache.
+would compile the same program cold beside it). One process compiles one program at a time, so a second
+cold setting is compiled in a child of the idle GPU's actor, beside the first (``executors/aside.py``): on
+two GPUs both cold compiles run at once at the tune's start; on four, on two GPUs' actors. The first points
+put the compiled single and the batch walk on the GPU that compiles ahead (``tuning/initial.py``): its
+trials wait for their own compiles and set nothing up, while the first GPU sets up from the cache what the
+GPUs together will need.
 
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
-(its executor or GPU, the setting it compiles, the cores of a CPU group, or another topology's start) first
+(its executor or GPU, a setting it compiles cold, the cores of a CPU group, or another topology's start) first
 waits for that work to end (``conflicts``), and the wait is counted as acquiring. The plan's topologies
 (``pool`` entries: the CPU group the singles run on) have their new CPU executors started ahead the same way,
 by the manager (``PoolManager``).
@@ -65,6 +69,11 @@ class AheadRunner(Protocol):
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any: ...
 
+    def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
+        """Sets ``params`` up in a child of the actor's process, beside the actor's own work (it holds
+        nothing after: the setting is in the compile cache)."""
+        ...
+
     def wait(self, handle: Any) -> float | None:
         """Blocks until the work ends; the seconds it compiled, or None where it failed (a compile's
         setting is then set up by the trial that needs it, which meets the failure, if any, as its own; an
@@ -72,16 +81,27 @@ class AheadRunner(Protocol):
         ...
 
 
+class _AsideCall(NamedTuple):
+    actor: Any
+    started: Any
+
+
 class RayAhead:
-    """Ahead work as an executor actor's ``prepare_ahead`` call."""
+    """Ahead work as an executor actor's ``prepare_ahead`` call, or its ``compile_aside`` child."""
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
         return actor.prepare_ahead.remote(params, sorted(cores))
+
+    def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
+        return _AsideCall(actor, actor.compile_aside.remote(params, sorted(cores)))
 
     def wait(self, handle: Any) -> float | None:
         import ray
 
         try:
+            if isinstance(handle, _AsideCall):
+                ray.get(handle.started)
+                return float(ray.get(handle.actor.wait_aside.remote()).get("compile_s", 0.0))
             return float(ray.get(handle).get("compile_s", 0.0))
         except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
             _log.info("work ahead failed: %s", exc)
@@ -94,6 +114,8 @@ class _Job:
     gpu: tuple[str | None, int | None]
     setting: Setting
     handle: Any
+    aside: bool = False  # in a child of the executor's process: the executor holds nothing after
+    cold: bool = True  # no executor held it and no compile had cached it when the job started
 
 
 class CompileAhead:
@@ -107,6 +129,7 @@ class CompileAhead:
         self.plan: list[dict[str, dict[str, Any]]] = []
         self.jobs: list[_Job] = []
         self.held: dict[Identity, set[Setting]] = {}  # executor -> the settings its actor holds set up
+        self.cached: set[Setting] = set()  # set up aside: in the compile cache, held by no executor
         self.started = 0
         self.compile_s = 0.0  # what the ahead work compiled
         self.waited_s = 0.0  # what trials waited for it
@@ -132,8 +155,8 @@ class CompileAhead:
         """The running jobs a trial on ``spec`` (its executors at the trial's settings) must wait for before
         it is set up: all of them for another topology (its new actors load on the cores), for a trial on
         every executor (``used`` None, or ``[]``: an engine family runs on the devices themselves) or on the
-        jobs' cores (a CPU group's); else those on its executors or GPUs, or compiling a setting one of its
-        executors does not hold (its own compile would run the same one cold, beside it)."""
+        jobs' cores (a CPU group's); else those on its executors or GPUs, or compiling cold a setting one of
+        its executors does not hold (its own compile would run the same one cold, beside it)."""
         if not self.jobs:
             return []
         if new_topology or not used or self.on_our_cores(spec, used):
@@ -142,7 +165,7 @@ class CompileAhead:
         names = {identity(e) for e in mine}
         gpus = {(e.node, e.gpu) for e in mine}
         needed = {setting(e) for e in mine if not self.holds(e)}
-        return [j for j in self.jobs if j.executor in names or j.gpu in gpus or j.setting in needed]
+        return [j for j in self.jobs if j.executor in names or j.gpu in gpus or (j.cold and j.setting in needed)]
 
     def settle(self, jobs: list[_Job]) -> list[Identity]:
         """Waits for ``jobs``; returns the executors whose job failed (its actor may have died, or hold a
@@ -151,7 +174,9 @@ class CompileAhead:
         failed = []
         for job in jobs:
             compiled = self.runner.wait(job.handle)
-            if compiled is None:
+            if job.aside:  # failed or not, its executor is as it was
+                self.cached.update([job.setting] if compiled is not None else [])
+            elif compiled is None:
                 failed.append(job.executor)
                 self.forget(job.executor)
             else:
@@ -163,47 +188,72 @@ class CompileAhead:
 
     def start(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
-        job yet) a planned setting whose backend compiles (``_next``); none while the trial runs on the cores
-        they would compile on. Returns the GPUs' indices."""
+        job yet) the planned settings whose backend compiles that it lacks (``_candidates``): one cold one on its
+        actor, the next cold one in a child process beside it (one process compiles one program at a time), and
+        the warm ones on its actor after the first; none while the trial runs on the cores they would compile
+        on. Returns the GPUs' indices."""
         if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
             return []
         busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
         running = {j.executor for j in self.jobs}
-        given = []
+        chosen: dict[int, dict[str, Any]] = {}  # idle GPU -> the setting its actor sets up
         for i, e in enumerate(spec.executors):
             gpu = (e.node, e.gpu)
             if not e.is_gpu or e.sms or e.node is not None or i in used or gpu in busy or identity(e) in running:
                 continue
-            params = self._next(e)
-            if params is None:
-                continue
-            ahead = e.with_params(params)
-            self.jobs.append(_Job(identity(e), gpu, setting(ahead), self.runner.start(actors[i], params, self.cores)))
-            self.started += 1
-            busy.add(gpu)
-            given.append(i)
+            params = self._next(e, also={setting(spec.executors[j].with_params(p)) for j, p in chosen.items()})
+            if params is not None:
+                chosen[i] = params
+                busy.add(gpu)
+        coming = {setting(spec.executors[j].with_params(p)) for j, p in chosen.items()}
+        for i, params in chosen.items():
+            e = spec.executors[i]
+            cold, warm = self._candidates(e, coming)
+            # a cold setting no idle GPU's actor took: in a child beside this one, started first (the actor's own
+            # compile blocks its next call); the warm ones after the first, on the actor, one after the other
+            beside = None if not cold else self.runner.start_aside(actors[i], cold[0], self.cores)
+            for on_actor in [params, *warm]:
+                self._add(e, on_actor, self.runner.start(actors[i], on_actor, self.cores))
+                coming.add(setting(e.with_params(on_actor)))
+            if cold:
+                self._add(e, cold[0], beside, aside=True)
+        given = list(chosen)
         return given
+
+    def _add(self, executor: ExecutorSpec, params: dict[str, Any], handle: Any, aside: bool = False) -> None:
+        ahead = setting(executor.with_params(params))
+        cold = ahead not in self.cached and not any(ahead in held for held in self.held.values())
+        self.jobs.append(_Job(identity(executor), (executor.node, executor.gpu), ahead, handle, aside, cold))
+        self.started += 1
 
     def on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
         """Whether the trial runs on cores ahead work may use: any executor but a GPU (a CPU group's cores,
         whatever ``cores`` holds), or a GPU fed from one of ``cores``."""
         return any(not spec.executors[i].uses_gpu or set(spec.executors[i].pinned_cores) & self.cores for i in used)
 
-    def _next(self, executor: ExecutorSpec) -> dict[str, Any] | None:
-        """The params of the plan's first setting ``executor`` does not hold and no job is compiling, whose
-        backend compiles; of those, first one no executor holds yet (a cold compile, the long one)."""
+    def _next(self, executor: ExecutorSpec, also: Collection[Setting] = ()) -> dict[str, Any] | None:
+        """The params of the setting ``executor`` sets up next: a cold one first (``_candidates``)."""
+        cold, warm = self._candidates(executor, also)
+        return (cold + warm or [None])[0]
+
+    def _candidates(self, executor: ExecutorSpec, also: Collection[Setting] = ()
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The params of the plan's settings ``executor`` does not hold and no job (nor ``also``, about to
+        start) is compiling, whose backend compiles, in the plan's order: the cold ones (no executor holds it
+        and no compile aside cached it: the long compile), and the warm ones (set up from the cache)."""
         mine = self.held.get(identity(executor), set())
-        compiling = {job.setting for job in self.jobs}
-        candidates = []
+        compiling = {job.setting for job in self.jobs} | set(also)
+        cold, warm = [], []
         for entry in self.plan:
             params = entry.get(executor.kind)
             if params is None:
                 continue
             ahead = setting(executor.with_params(params))
-            if backend(ahead.backend).compiles and ahead not in mine and ahead not in compiling:
-                candidates.append((ahead, params))
-        cold = [params for ahead, params in candidates if not any(ahead in held for held in self.held.values())]
-        return (cold or [params for _, params in candidates] or [None])[0]
+            if not backend(ahead.backend).compiles or ahead in mine or ahead in compiling:
+                continue
+            known = ahead in self.cached or any(ahead in held for held in self.held.values())
+            (warm if known else cold).append(params)
+        return cold, warm
 
     def abandon(self) -> None:
         """Forgets the running jobs (their actors are being ended)."""

@@ -361,8 +361,24 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
         "exec.gpu.batch")]
     # the backends that compile last: their settings compile ahead on another GPU meanwhile (``FirstPoints.ahead``)
     backends.sort(key=lambda p: backend(p.get("exec.gpu.backend", "eager")).compiles)
-    return FirstPoints(backends, strategies, batches, probes, together,
-                       [p for p in singles if p not in backends], cpu_singles, defaults.get("exec.gpu.batch"))
+    walk = [p for p in singles if p not in backends]
+    _on_the_compiling_gpu(pool, [p for p in backends if backend(p.get("exec.gpu.backend", "eager")).compiles] + walk)
+    return FirstPoints(backends, strategies, batches, probes, together, walk, cpu_singles,
+                       defaults.get("exec.gpu.batch"))
+
+
+def _on_the_compiling_gpu(pool: PoolSpec, points: list[dict[str, Any]]) -> None:
+    """Moves GPU singles (the compiled backends' and the batch walk's) onto the second GPU: the first idle one
+    while the first GPU's singles run, so the plan's first compile ahead is set up there (``CompileAhead.start``),
+    and its single then waits for that compile and sets nothing up; the first GPU, idle meanwhile, sets up
+    from the cache what the GPUs together will need (BENCHMARKS.md 42)."""
+    key = f"{BASELINE}.executor"
+    for point in points:
+        first = pool.executors[point[key]]
+        second = next((j for j, e in enumerate(pool.executors) if j != point[key] and e.is_gpu and not e.sms
+                       and e.kind == first.kind and e.node is None), None)
+        if second is not None:
+            point[key] = second
 
 
 def batch_walk(points: list[dict[str, Any]], start: Any, name: str = "exec.gpu.batch") -> list[Stage]:

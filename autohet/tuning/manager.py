@@ -126,11 +126,13 @@ class PoolManager:
         return self.pool.spec, list(self.pool.actors), compile_s
 
     def _start_topology_ahead(self, used: list[int] | None) -> None:
-        """While a trial runs on GPUs alone and no compile ahead holds the cores, the plan's next topology has
-        its new CPU executors created and loading on their idle cores: the tune's first CPU single had waited
-        10-13 s for its group of every core to start (BENCHMARKS.md 34, 39). Their load is waited for before
-        anything else uses those cores or starts a topology (``acquire``)."""
+        """While a trial runs on GPUs alone (one, or all together) and no compile ahead holds the cores, the
+        plan's next topology has its new CPU executors created and loading on their idle cores: the tune's first
+        CPU single had waited 10-13 s for its group of every core to start (BENCHMARKS.md 34, 39). Their load is
+        waited for before anything uses those cores or starts actors of its own (``_meets_loading``)."""
         assert self.pool is not None
+        if used is None:  # every executor of the topology: the GPUs together, where it holds only GPUs
+            used = list(range(len(self.pool.spec.executors)))
         if not self.topologies_ahead or not used or self.ahead.jobs or self.ahead.on_our_cores(self.pool.spec, used):
             return
         spec = regroup(self.base, self.topologies_ahead.pop(0))
