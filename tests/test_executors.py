@@ -536,3 +536,24 @@ def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure
     gpu = ExecutorSpec("gpu99", "gpu", (), gpu=99, batch=2, precision="fp16")
     with pytest.raises(RuntimeError, match="asks for GPU 99"):
         start_aside(gpu, ModelSpec("lenet"), (1, 28, 28), frozenset(cores)).wait(timeout=120)
+
+
+@pytest.mark.gpu
+def test_a_gpu_setting_set_up_aside_fills_the_cache_its_executor_then_reads(lenet_workload, tmp_path, monkeypatch):
+    """The child compiles the graph the executor would: the executor's own set-up after it hits the cache."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU")
+    from torch._dynamo.utils import counters
+
+    from autohet.executors.aside import start_aside
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # a cache of this test's own
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    spec = ExecutorSpec("g", "gpu", (), 0, batch=32, precision="fp16", channels_last=True, backend="inductor")
+    cores = frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+    report = start_aside(spec, ModelSpec("lenet"), lenet_workload.shape, cores).wait(timeout=300)
+    assert report["compile_s"] > 0
+    counters.clear()
+    ex = make_executor(spec, ModelSpec("lenet"))
+    ex.load(lenet_workload)
+    assert counters["inductor"]["fxgraph_cache_hit"] >= 1 and counters["inductor"]["fxgraph_cache_miss"] == 0
