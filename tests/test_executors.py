@@ -520,22 +520,27 @@ def test_a_compile_ahead_runs_on_the_cores_it_is_given_and_the_thread_is_pinned_
     assert seen["cores"] == cores and seen["after"] == {feeder}
 
 
-def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure_names_its_cause() -> None:
+def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure_names_its_cause(
+        monkeypatch) -> None:
     """Issue 46: a second cold compile beside the idle GPU's own (``autohet.executors.aside``): the child sets the
-    setting up as its executor would, on the cores it is given, and reports; a setting it cannot set up fails
-    with the child's own last line."""
+    setting up as its executor would, its compiles on the cores it is given, and reports on its last line; a
+    setting it cannot set up fails with the child's own last line; a child whose parent is gone ends."""
     from autohet.core.models import ModelSpec
     from autohet.executors import ExecutorSpec
-    from autohet.executors.aside import start_aside
+    from autohet.executors.aside import _BOOT, start_aside
 
-    cores = sorted(os.sched_getaffinity(0))[:1] if hasattr(os, "sched_getaffinity") else []
-    cpu = ExecutorSpec("cpu0", "cpu", tuple(cores) or (0,), batch=2)
-    report = start_aside(cpu, ModelSpec("lenet"), (1, 28, 28), frozenset(cores)).wait(timeout=120)
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    given = cores[-1:]
+    cpu = ExecutorSpec("cpu0", "cpu", tuple(cores[:1]) or (0,), batch=2)  # the executor pins its own core later
+    report = start_aside(cpu, ModelSpec("lenet"), (1, 28, 28), frozenset(given)).wait(timeout=120)
     assert report["compile_s"] == 0.0  # exact: eager compiles nothing
-    assert report["cores"] == cores
-    gpu = ExecutorSpec("gpu99", "gpu", (), gpu=99, batch=2, precision="fp16")
-    with pytest.raises(RuntimeError, match="asks for GPU 99"):
-        start_aside(gpu, ModelSpec("lenet"), (1, 28, 28), frozenset(cores)).wait(timeout=120)
+    assert report["cores"] == given
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the child inherits it: no GPU there, on any machine
+    gpu = ExecutorSpec("gpu0", "gpu", (), gpu=0, batch=2, precision="fp16")
+    with pytest.raises(RuntimeError, match=r"exit 1\): .*asks for GPU 0 but this node has 0 CUDA GPUs"):
+        start_aside(gpu, ModelSpec("lenet"), (1, 28, 28), frozenset(given)).wait(timeout=120)
+    orphan = subprocess.run([sys.executable, "-c", _BOOT, str(os.getpid() + 10**6)], input=b"", timeout=60)
+    assert orphan.returncode == 3  # not its parent's child: it ends before reading anything
 
 
 @pytest.mark.gpu

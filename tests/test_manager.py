@@ -569,8 +569,8 @@ def test_a_compile_ahead_that_failed_ends_its_executor_and_the_topology_starts_a
     ahead = FakeAhead(failing=(0,))
     manager = _ahead_manager(two_gpu_machine, ahead, killed=killed)
     _, before, _ = manager.acquire({}, {}, only=[0])
-    _, after, _ = manager.acquire({}, {}, only=[1])  # gpu1's own trial: waits for its jobs; its own failed
-    assert ahead.waited == [0, ("aside", 0)] and killed == [before[1]]
+    _, after, _ = manager.acquire({}, {}, only=[1])  # gpu1's own trial: waits for its job, which failed
+    assert ahead.waited == [0] and killed == [before[1]]  # the child's job went with its actor
     assert after[1] != before[1] and after[0] == before[0]  # gpu1 started afresh, the rest adopted
 
 
@@ -674,3 +674,29 @@ def test_in_a_two_gpu_tunes_order_each_gpu_is_set_up_before_the_trial_that_needs
     assert ahead.waited == [0, ("aside", 0)]
     manager.acquire({"max_cpu_groups": 0}, {"gpu": b512})  # both GPUs: gpu0's jobs first
     assert ahead.waited == [0, ("aside", 0), 1, 2] and len(ahead.started) == 3
+
+
+def test_an_aside_compile_that_failed_leaves_its_executor_and_a_failed_job_ends_only_its_own_actor(
+        two_gpu_machine: PoolSpec) -> None:
+    """A child's failure costs its setting only (the trial that needs it sets it up, and meets the failure as
+    its own); an actor ended for its failed job takes its other jobs with it, so a fresh actor of the same
+    GPU is neither ended for them nor made to wait on them."""
+    killed: list = []
+    ahead = FakeAhead(failing=(("aside", 0),))
+    manager = _ahead_manager(two_gpu_machine, ahead, killed=killed)
+    _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # waits for the child: it failed
+    assert ahead.waited == [("aside", 0)] and killed == []
+    killed.clear()
+    ahead = FakeAhead(failing=(0,))
+    manager = _ahead_manager(two_gpu_machine, ahead, plan=[{"gpu": _INDUCTOR}, {"gpu": {**_INDUCTOR, "batch": 512}},
+                                                            {"gpu": {**_INDUCTOR, "batch": 128}}], killed=killed)
+    _, actors, _ = manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # gpu1: b512 on its actor, then b128 aside
+    assert [p["batch"] for _, p, _ in ahead.started] == [512, 256] and [p["batch"] for _, p, _ in ahead.aside] == [128]
+    _, fresh, _ = manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[0])  # its job failed: ended
+    assert ahead.waited == [0] and killed == [actors[1]] and fresh[1] != actors[1]
+    # the fresh gpu1's jobs only (b128, cold again: its child went with the old actor; then b256, b512 warm)
+    assert [job.handle for job in manager.ahead.jobs] == [2, 3, 4] and len(ahead.aside) == 1
+    assert [(a, p["batch"]) for a, p, _ in ahead.started[2:]] == [(fresh[1], 128), (fresh[1], 256), (fresh[1], 512)]
+    manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # waits for the fresh gpu1's jobs: all went well
+    assert ahead.waited == [0, 2, 3, 4] and killed == [actors[1]]

@@ -16,8 +16,13 @@ from autohet.executors import ExecutorSpec, make_executor
 from autohet.platform.gc_control import settle
 from autohet.pool.spec import PoolSpec
 
-__all__ = ["ExecutorActor", "ExecutorGroupActor", "MemberHandle", "actor_options", "check_cluster_resources",
-           "group_options", "kill_actor", "ray_node_id", "user_errors"]
+__all__ = ["ASIDE_GROUP", "ExecutorActor", "ExecutorGroupActor", "MemberHandle", "actor_options",
+           "check_cluster_resources", "group_options", "kill_actor", "ray_node_id", "user_errors"]
+
+
+# an executor actor's calls about a setting set up in a child process (``compile_aside``, ``wait_aside``): on a
+# thread of their own, so that waiting for the child does not wait for the actor's own work queued before it
+ASIDE_GROUP = "aside"
 
 
 @contextlib.contextmanager
@@ -61,7 +66,8 @@ class ExecutorActor:
 
     def compile_aside(self, params: dict[str, Any], cores: list[int]) -> None:
         """Starts setting ``params`` up in a child process on this actor's device and ``cores``, beside this
-        actor's own work, into the compile cache every executor shares; returns at once (``wait_aside``)."""
+        actor's own work, into the compile cache every executor shares; returns at once (``wait_aside``).
+        Called in ``ASIDE_GROUP``, as ``wait_aside`` is."""
         from autohet.executors.aside import start_aside
 
         assert self.executor.workload is not None, "load() first"

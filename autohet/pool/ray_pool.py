@@ -99,11 +99,12 @@ class RayPool(Pool):
         """An executor actor (named ``<prefix>-<executor><suffix>`` when the pool has a prefix), not loaded."""
         import ray
 
-        from autohet.pool.actors import ExecutorActor, actor_options
+        from autohet.pool.actors import ASIDE_GROUP, ExecutorActor, actor_options
 
         name = f"{self.name_prefix}-{spec.name}{suffix}" if self.name_prefix else None
         opts = actor_options(spec, name, self.reserve_cpus)
-        return ray.remote(ExecutorActor).options(**opts).remote(spec, model)
+        remote = ray.remote(concurrency_groups={ASIDE_GROUP: 1})(ExecutorActor)  # not an ``options`` setting
+        return remote.options(**opts).remote(spec, model)
 
     def _new_group(self, specs: list[ExecutorSpec], model: ModelSpec) -> list[Any]:
         """One actor for the partitions of one GPU; a handle per member."""

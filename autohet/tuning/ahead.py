@@ -11,8 +11,8 @@ would compile the same program cold beside it). One process compiles one program
 cold setting is compiled in a child of the idle GPU's actor, beside the first (``executors/aside.py``): on
 two GPUs both cold compiles run at once at the tune's start; on four, on two GPUs' actors. The first points
 put the compiled single and the batch walk on the GPU that compiles ahead (``tuning/initial.py``): its
-trials wait for their own compiles and set nothing up, while the first GPU sets up from the cache what the
-GPUs together will need.
+trials wait for their own compiles and set up at most from the cache, while the first GPU sets up from the
+cache what the GPUs together will need.
 
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
 (its executor or GPU, a setting it compiles cold, the cores of a CPU group, or another topology's start) first
@@ -93,22 +93,29 @@ class RayAhead:
         return actor.prepare_ahead.remote(params, sorted(cores))
 
     def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
-        return _AsideCall(actor, actor.compile_aside.remote(params, sorted(cores)))
+        from autohet.pool.actors import ASIDE_GROUP
+
+        started = actor.compile_aside.options(concurrency_group=ASIDE_GROUP).remote(params, sorted(cores))
+        return _AsideCall(actor, started)
 
     def wait(self, handle: Any) -> float | None:
         import ray
 
+        from autohet.pool.actors import ASIDE_GROUP
+
         try:
             if isinstance(handle, _AsideCall):
                 ray.get(handle.started)
-                return float(ray.get(handle.actor.wait_aside.remote()).get("compile_s", 0.0))
+                report = ray.get(handle.actor.wait_aside.options(concurrency_group=ASIDE_GROUP).remote())
+                return float(report.get("compile_s", 0.0))
             return float(ray.get(handle).get("compile_s", 0.0))
         except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
-            _log.info("work ahead failed: %s", exc)
+            cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()
+            _log.info("work ahead failed: %s", cause[-1] if cause else type(exc).__name__)
             return None
 
 
-@dataclass
+@dataclass(eq=False)  # a job is itself: two of one setting on one executor are two jobs
 class _Job:
     executor: Identity
     gpu: tuple[str | None, int | None]
@@ -144,8 +151,10 @@ class CompileAhead:
             self.held.setdefault(identity(spec.executors[i]), set()).add(setting(spec.executors[i]))
 
     def forget(self, executor: Identity) -> None:
-        """``executor``'s actor ended: it holds nothing."""
+        """``executor``'s actor ended: it holds nothing, and its jobs will not end well (a fresh actor of the
+        same identity must not be ended for them, nor wait on them)."""
         self.held.pop(executor, None)
+        self.jobs = [job for job in self.jobs if job.executor != executor]
 
     def holds(self, executor: ExecutorSpec) -> bool:
         """Whether ``executor``'s actor holds its setting set up (a trial there compiles nothing)."""
@@ -173,6 +182,8 @@ class CompileAhead:
         start = time.perf_counter()
         failed = []
         for job in jobs:
+            if job not in self.jobs:  # forgotten meanwhile: its executor failed an earlier job and is ending
+                continue
             compiled = self.runner.wait(job.handle)
             if job.aside:  # failed or not, its executor is as it was
                 self.cached.update([job.setting] if compiled is not None else [])
@@ -182,16 +193,17 @@ class CompileAhead:
             else:
                 self.held.setdefault(job.executor, set()).add(job.setting)
             self.compile_s += compiled or 0.0
-            self.jobs.remove(job)
+            if job in self.jobs:
+                self.jobs.remove(job)
         self.waited_s += time.perf_counter() - start
         return failed
 
     def start(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
-        job yet) the planned settings whose backend compiles that it lacks (``_candidates``): one cold one on its
-        actor, the next cold one in a child process beside it (one process compiles one program at a time), and
-        the warm ones on its actor after the first; none while the trial runs on the cores they would compile
-        on. Returns the GPUs' indices."""
+        job yet) the planned settings whose backend compiles that it lacks (``_candidates``): the first (a cold
+        one where there is one) on its actor, the next cold one in a child process beside it (one process
+        compiles one program at a time), and the warm ones on its actor after the first; none while the trial
+        runs on the cores they would compile on. Returns the GPUs' indices."""
         if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
             return []
         busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}

@@ -369,9 +369,10 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
 
 def _on_the_compiling_gpu(pool: PoolSpec, points: list[dict[str, Any]]) -> None:
     """Moves GPU singles (the compiled backends' and the batch walk's) onto the second GPU: the first idle one
-    while the first GPU's singles run, so the plan's first compile ahead is set up there (``CompileAhead.start``),
-    and its single then waits for that compile and sets nothing up; the first GPU, idle meanwhile, sets up
-    from the cache what the GPUs together will need (BENCHMARKS.md 42)."""
+    while the first GPU's singles run, so the plan's first compile ahead is set up on its actor and the next
+    in a child beside it (``CompileAhead.start``). Its singles then wait for those compiles, the first setting
+    up nothing, the next only from the cache; the first GPU, idle meanwhile, sets up from the cache what the
+    GPUs together will need (BENCHMARKS.md 42)."""
     key = f"{BASELINE}.executor"
     for point in points:
         first = pool.executors[point[key]]
