@@ -6,6 +6,8 @@ next trial finds) and what each trial spent acquiring, with the plan and without
 compile cache in a fresh process and Ray:
 
     python -m bench.ahead_check --model resnet18 --time-budget 150 --out results/ahead_check.json
+
+(``--plan on``: the tune with the plan only.)
 """
 
 from __future__ import annotations
@@ -95,6 +97,8 @@ def main() -> None:
     parser.add_argument("--model", default="resnet18")
     parser.add_argument("--time-budget", type=float, default=150.0)
     parser.add_argument("--out")
+    parser.add_argument("--plan", choices=("both", "on", "off"), default="both",
+                        help="run the tune with the plan off, then on (both), or one of them")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--no-ahead", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -102,7 +106,7 @@ def main() -> None:
         child(args.model, args.time_budget, not args.no_ahead)
         return
     rows = []
-    for ahead in (False, True):
+    for ahead in {"both": (False, True), "on": (True,), "off": (False,)}[args.plan]:
         rows.append(one(args.model, args.time_budget, ahead))
         if rows[-1]["exit"] != 0:
             break
