@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import optuna
 import pytest
@@ -203,13 +205,19 @@ def _gpu_walk_search(figures: dict[int, float]) -> list[dict]:
     search = StagedSearch(DefineByRun(space, ctx), metric="objective_value", mode="max", points_to_evaluate=[base],
                           later=[*batch_walk(batches, 256), Stage([fifo])], kind_of=SingleKind(pool),
                           objectives=ObjectiveSet.parse("throughput"), seed=0)
+    return _run_singles(search, lambda config: figures[config["exec.gpu.batch"]])
+
+
+def _run_singles(search: Any, figure_of: Callable[[dict], float]) -> list[dict]:
+    """The configs ``search`` suggests, each single reported ok at ``figure_of(config)``, up to the first other
+    strategy (or six configs)."""
     configs = []
     for n in range(6):
         config = search.suggest(f"t{n}")
         configs.append(config)
         if config["strategy"] != "single":
             break
-        search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figures[config["exec.gpu.batch"]]})
+        search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figure_of(config)})
     return configs
 
 
@@ -250,15 +258,7 @@ def _cpu_beside_gpus_search(cpu_figure: float) -> list[dict]:
                           later=[Stage(cpu[:1], _CPU_KEYS), Stage(cpu[1:], _CPU_KEYS, unless_negligible="cpu"),
                                  Stage([fifo])], kind_of=SingleKind(pool),
                           objectives=ObjectiveSet.parse("throughput"), seed=0)
-    configs = []
-    for n in range(6):
-        config = search.suggest(f"t{n}")
-        configs.append(config)
-        if config["strategy"] != "single":
-            break
-        figure = 35000.0 if config["single.executor"] == 0 else cpu_figure
-        search.on_trial_complete(f"t{n}", {"status": "ok", "objective_value": figure})
-    return configs
+    return _run_singles(search, lambda config: 35000.0 if config["single.executor"] == 0 else cpu_figure)
 
 
 def test_beside_gpus_a_cpu_group_whose_first_single_is_negligible_runs_no_other_variant():
