@@ -12,6 +12,7 @@ from autohet.core.models import ModelSpec
 from autohet.core.workload import Workload
 from autohet.pool import Pool, PoolSpec, executor_class, identity, load_pool
 from autohet.strategies import get_strategy
+from autohet.tuning.ahead import Ready
 from autohet.tuning.manager import PoolManager
 
 
@@ -113,7 +114,8 @@ def test_topologies_keep_their_actors_and_share_measurements(nine_core_gpu_machi
     assert back == first.actors and len(FakePool.made[-1].adopted) == 9
     assert manager.stats() == {"topologies_started": 3, "actors_adopted": 10, "actors_replaced": 0,
                                "actors_released": 0, "standalone_measured": 3, "compiled_ahead": 0,
-                               "actors_started_ahead": 0, "compiled_ahead_s": 0, "ahead_waited_s": 0}
+                               "actors_started_ahead": 0, "compiled_ahead_s": 0, "ahead_waited_s": 0,
+                               "ahead_jobs": []}
 
 
 def test_cut_trial_ends_busy_actors_and_the_next_acquire_starts_only_those(nine_core_gpu_machine: PoolSpec) -> None:
@@ -298,9 +300,12 @@ def test_the_breakdown_says_what_cut_trials_cost_of_the_budget() -> None:
     assert "trials: 1 ok, 2 cut (cut trials 60 s, 10% of the time budget)" in progress.breakdown({})
     assert "ahead" not in progress.breakdown({})
     ahead = progress.breakdown({"compiled_ahead": 2, "compiled_ahead_s": 19, "ahead_waited_s": 6,
-                                "actors_started_ahead": 1})
+                                "actors_started_ahead": 1, "ahead_jobs": ["gpu1 inductor b256 cold: 19 s compiling",
+                                                                          "gpu0 inductor b256 warm: failed"]})
     assert ahead.endswith(", 2 settings compiled ahead on idle GPUs (19 s compiling; trials waited 6 s for them), "
-                          "CPU executors started ahead on idle cores: 1")
+                          "CPU executors started ahead on idle cores: 1\n"
+                          "autohet: set up ahead: gpu1 inductor b256 cold: 19 s compiling\n"
+                          "autohet: set up ahead: gpu0 inductor b256 warm: failed")
 
 
 def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_best_trial() -> None:
@@ -414,6 +419,7 @@ class FakeAhead:
         self.aside: list[tuple[Any, dict[str, Any], frozenset[int]]] = []  # handles ("aside", i)
         self.waited: list[Any] = []
         self.failing = failing
+        self.ended_at: float | None = None  # when each job says it ended (None: not said)
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> int:
         self.started.append((actor, params, cores))
@@ -423,11 +429,11 @@ class FakeAhead:
         self.aside.append((actor, params, cores))
         return ("aside", len(self.aside) - 1)
 
-    def wait(self, handle: Any) -> float | None:
+    def wait(self, handle: Any) -> Ready | None:
         self.waited.append(handle)
         if handle in self.failing:
             return None
-        return 0.0 if isinstance(handle, str) else 2.0
+        return Ready(0.0) if isinstance(handle, str) else Ready(2.0, self.ended_at)
 
 
 @pytest.fixture
@@ -496,6 +502,31 @@ def test_a_trial_on_a_cpu_group_or_an_engine_waits_for_the_ahead_work_and_starts
         assert len(ahead.started) == 1
         manager.acquire({}, {"cpu": {"batch": 8}}, only=trial)
         assert ahead.waited == [0, ("aside", 0)] and len(ahead.started) == 1
+
+
+def test_the_gpus_the_first_trial_leaves_idle_start_on_the_plan_as_it_is_given(two_gpu_machine: PoolSpec) -> None:
+    """BENCHMARKS.md 43: Ray Tune took 9 s to start its trial process while both GPUs idled. With the first
+    trial's topology live (the calibration's) and its executors given, the others start on the plan at once;
+    the first trial then waits for nothing. Each job that ends says when it was ready."""
+    ahead = FakeAhead()
+    manager = _ahead_manager(two_gpu_machine, ahead, plan=[])
+    manager.plan_ahead(_PLAN, ({}, [0]))  # nothing live yet: nothing to start on
+    _, actors, _ = manager.acquire({}, {})  # the calibration: every executor
+    for first in (None, ({"max_cpu_groups": 0}, [0]), ({}, None)):  # not given; another topology; all executors
+        manager.plan_ahead(_PLAN, first)
+        assert ahead.started == [] and ahead.aside == []
+    manager.plan_ahead(_PLAN, ({"max_cpu_groups": "all"}, [0]))
+    off_feeders = frozenset(range(2, 10))
+    assert ahead.started == [(actors[1], _INDUCTOR, off_feeders)]
+    assert ahead.aside == [(actors[1], {**_INDUCTOR, "batch": 512}, off_feeders)]
+    manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])  # the first trial
+    assert ahead.waited == [] and len(ahead.started) == 1
+    job = manager.ahead.jobs[0]
+    ahead.ended_at = job.started_at + 41.0
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[1])  # on gpu1: waits for its actor's job and its child's
+    jobs = manager.stats()["ahead_jobs"]
+    assert jobs[0] == "gpu1 inductor b256 cold: ready after 41 s, 2 s compiling"
+    assert len(jobs) == 2 and jobs[1].startswith("gpu1 (child) inductor b512 cold: ready after ")
 
 
 def test_a_setting_a_trial_set_up_is_not_compiled_ahead_and_one_gpu_has_no_idle_gpu(

@@ -48,12 +48,18 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
         assert all(e["batch"] == 8 for e in ray_local.get([a.configure.remote({}) for a in pool.actors]))
         # an idle executor set up ahead (``autohet.tuning.ahead``) holds that setting until the pool's next push
         runner = RayAhead()
+        asked = time.time()
         job = runner.start(pool.actors[1], {"batch": 4}, frozenset(pool.spec.executors[1].cores))
-        assert runner.wait(job) == 0.0  # exact: eager compiles nothing
+        done = runner.wait(job)
+        assert done is not None and done.compile_s == 0.0  # exact: eager compiles nothing
+        assert done.ended_at is not None and asked <= done.ended_at <= time.time()  # one machine's clock
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
         # or in a child of the actor's process, beside it: the actor holds nothing new after
+        asked = time.time()
         beside = runner.start_aside(pool.actors[1], {"batch": 2}, frozenset(pool.spec.executors[1].cores))
-        assert runner.wait(beside) == 0.0  # exact: eager compiles nothing
+        done = runner.wait(beside)
+        assert done is not None and done.compile_s == 0.0  # exact: eager compiles nothing
+        assert done.ended_at is not None and asked <= done.ended_at <= time.time()
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
     finally:
         pool.shutdown()

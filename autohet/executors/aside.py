@@ -54,8 +54,9 @@ class Aside:
         self.err = err
 
     def wait(self, timeout: float | None = None) -> dict[str, Any]:
-        """Blocks until the child ends; what it reports (``compile_s``, ``cores``). A failed set-up raises
-        with the child's last line: the executor that needs the setting then meets the failure as its own."""
+        """Blocks until the child ends; what it reports (``compile_s``, ``cores``, ``set_up_s``, ``ended_at``).
+        A failed set-up raises with the child's last line: the executor that needs the setting then meets
+        the failure as its own."""
         code = self.proc.wait(timeout)
         if code != 0:
             self.err.seek(0)
@@ -102,5 +103,5 @@ def main(arguments: bytes) -> None:
     with compiling_on(frozenset(cores)):
         executor.load(Workload(np.zeros((1, *shape), dtype=np.float32), 1))
     print(json.dumps({"compile_s": float(getattr(executor, "compile_s", 0.0) or 0.0), "cores": given,
-                      "set_up_s": time.perf_counter() - start}))
+                      "set_up_s": time.perf_counter() - start, "ended_at": time.time()}))
     sys.stdout.flush()

@@ -131,7 +131,8 @@ class GpuExecutor(PinnedStaging, Executor):
         assert self.workload is not None
         self.bank = self._bank(self.dtype)
         batch, shape = self.spec.batch, self.workload.shape
-        self.dev_in = [torch.empty((batch, *shape), dtype=self.dtype, device=self.device) for _ in range(2)]
+        with torch.inference_mode():  # inference tensors, as every input the model gets (``_launch``): see below
+            self.dev_in = [torch.empty((batch, *shape), dtype=self.dtype, device=self.device) for _ in range(2)]
         self.copied = [torch.cuda.Event() for _ in range(2)]
         self.consumed = [torch.cuda.Event() for _ in range(2)]
         self._slot = 0
@@ -148,8 +149,13 @@ class GpuExecutor(PinnedStaging, Executor):
         self.out_dtype = torch.float32
         if self.spec.backend == "inductor":
             if batch not in self.variant.compiled:
-                example = torch.zeros((batch, *shape), dtype=self.dtype, device=self.device)
-                example = example.contiguous(memory_format=self.memory_format)
+                # compiled on an inference tensor, as ``_launch`` calls it on one (its inputs and a graph's static
+                # ones are made in inference mode): torch.compile guards on the flag, and a plain example compiled
+                # every setting twice, the second at the warm-up: 11 s of efficientnet_b0's b256 set-up on an
+                # H200, cold or warm (BENCHMARKS.md 43)
+                with torch.inference_mode():
+                    example = torch.zeros((batch, *shape), dtype=self.dtype, device=self.device)
+                    example = example.contiguous(memory_format=self.memory_format)
                 with torch.cuda.stream(self.compute_stream):
                     self.variant.compiled[batch], self.compile_s = compile_module(
                         self.variant.model, self.spec.inductor_mode, example)

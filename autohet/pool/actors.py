@@ -6,6 +6,7 @@ thread. The Ray resources and node placement of an actor come from its spec's ki
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,11 +59,13 @@ class ExecutorActor:
 
     def prepare_ahead(self, params: dict[str, Any], cores: list[int]) -> dict[str, Any]:
         """``configure`` with its compiles on ``cores`` (``compiling_on``): this idle executor sets up a
-        setting another executor's trial will need, while that trial runs (``autohet.tuning.ahead``)."""
+        setting another executor's trial will need, while that trial runs (``autohet.tuning.ahead``); when it
+        ended is reported with it."""
         from autohet.executors.compiled import compiling_on
 
         with compiling_on(frozenset(cores)):
-            return self.configure(params)
+            described = self.configure(params)
+        return {**described, "ended_at": time.time()}
 
     def compile_aside(self, params: dict[str, Any], cores: list[int]) -> None:
         """Starts setting ``params`` up in a child process on this actor's device and ``cores``, beside this

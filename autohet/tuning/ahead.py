@@ -27,14 +27,14 @@ import logging
 import os
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from autohet.executors import ExecutorSpec
 from autohet.executors.backends import backend
 from autohet.pool import Identity, PoolSpec, identity
 
-__all__ = ["AheadRunner", "CompileAhead", "RayAhead", "Setting", "ahead_cores", "setting"]
+__all__ = ["AheadRunner", "CompileAhead", "RayAhead", "Ready", "Setting", "ahead_cores", "setting"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,6 +48,14 @@ class Setting(NamedTuple):
     precision: str
     channels_last: bool
     inductor_mode: str
+
+
+class Ready(NamedTuple):
+    """What ahead work reports when it ends: the seconds it compiled, and when it ended (``time.time``, where
+    known: how long after its start a setting was ready is the figure a trial waiting for it pays)."""
+
+    compile_s: float
+    ended_at: float | None = None
 
 
 def setting(spec: ExecutorSpec) -> Setting:
@@ -74,8 +82,8 @@ class AheadRunner(Protocol):
         nothing after: the setting is in the compile cache)."""
         ...
 
-    def wait(self, handle: Any) -> float | None:
-        """Blocks until the work ends; the seconds it compiled, or None where it failed (a compile's
+    def wait(self, handle: Any) -> Ready | None:
+        """Blocks until the work ends; what it reports, or None where it failed (a compile's
         setting is then set up by the trial that needs it, which meets the failure, if any, as its own; an
         actor started ahead is ended, and the topology that needs it starts its own)."""
         ...
@@ -98,7 +106,7 @@ class RayAhead:
         started = actor.compile_aside.options(concurrency_group=ASIDE_GROUP).remote(params, sorted(cores))
         return _AsideCall(actor, started)
 
-    def wait(self, handle: Any) -> float | None:
+    def wait(self, handle: Any) -> Ready | None:
         import ray
 
         from autohet.pool.actors import ASIDE_GROUP
@@ -107,8 +115,9 @@ class RayAhead:
             if isinstance(handle, _AsideCall):
                 ray.get(handle.started)
                 report = ray.get(handle.actor.wait_aside.options(concurrency_group=ASIDE_GROUP).remote())
-                return float(report.get("compile_s", 0.0))
-            return float(ray.get(handle).get("compile_s", 0.0))
+            else:
+                report = ray.get(handle)
+            return Ready(float(report.get("compile_s", 0.0)), report.get("ended_at"))
         except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
             cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()
             _log.info("work ahead failed: %s", cause[-1] if cause else type(exc).__name__)
@@ -123,6 +132,16 @@ class _Job:
     handle: Any
     aside: bool = False  # in a child of the executor's process: the executor holds nothing after
     cold: bool = True  # no executor held it and no compile had cached it when the job started
+    started_at: float = field(default_factory=time.time)
+
+    def line(self, done: Ready | None) -> str:
+        """The job in a few words: where, what, and how long after its start it was ready (a tune's summary)."""
+        where = f"{self.executor.name}{' (child)' if self.aside else ''}"
+        what = f"{self.setting.backend} b{self.setting.batch} {'cold' if self.cold else 'warm'}"
+        if done is None:
+            return f"{where} {what}: failed"
+        ready = f"ready after {done.ended_at - self.started_at:.0f} s, " if done.ended_at is not None else ""
+        return f"{where} {what}: {ready}{done.compile_s:.0f} s compiling"
 
 
 class CompileAhead:
@@ -140,6 +159,7 @@ class CompileAhead:
         self.started = 0
         self.compile_s = 0.0  # what the ahead work compiled
         self.waited_s = 0.0  # what trials waited for it
+        self.ended: list[str] = []  # each job that ended, in a few words (``_Job.line``)
 
     def set_plan(self, plan: list[dict[str, dict[str, Any]]]) -> None:
         """The plan's executor settings (its ``pool`` entries, topologies, are the manager's)."""
@@ -184,7 +204,9 @@ class CompileAhead:
         for job in jobs:
             if job not in self.jobs:  # forgotten meanwhile: its executor failed an earlier job and is ending
                 continue
-            compiled = self.runner.wait(job.handle)
+            done = self.runner.wait(job.handle)
+            compiled = None if done is None else done.compile_s
+            self.ended.append(job.line(done))
             if job.aside:  # failed or not, its executor is as it was
                 self.cached.update([job.setting] if compiled is not None else [])
             elif compiled is None:

@@ -82,12 +82,20 @@ class PoolManager:
         self.loading: dict[Identity, Any] = {}  # actors started ahead -> their load call
         self.actors_ahead = 0
 
-    def plan_ahead(self, plan: list[dict[str, dict[str, Any]]]) -> None:
+    def plan_ahead(self, plan: list[dict[str, dict[str, Any]]],
+                   first: tuple[dict[str, Any], list[int] | None] | None = None) -> None:
         """What the tune will need, in order (``FirstPoints.ahead``): executor settings, compiled ahead on
         idle GPUs, and topologies (``pool`` entries), whose new CPU executors start ahead on idle cores
-        (``autohet.tuning.ahead``)."""
+        (``autohet.tuning.ahead``). ``first``: the first trial's pool params and the executors it uses; where
+        it runs on the live topology (the calibration's), the GPUs it leaves idle start on the plan now, while
+        Ray Tune starts its trial process (9 s of efficientnet_b0's two-GPU tune, BENCHMARKS.md 43)."""
         self.ahead.set_plan(plan)
         self.topologies_ahead = [dict(entry["pool"]) for entry in plan if "pool" in entry]
+        if first is None or self.pool is None or self.loading:
+            return
+        pool_params, used = first
+        if tuple(identity(e) for e in regroup(self.base, pool_params).executors) == self.key:
+            self.ahead.start(self.pool.spec, self.pool.actors, used)
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
@@ -280,8 +288,10 @@ class PoolManager:
         return [self.standalone_cache.known_any(execs[i], ("eager", "inductor", "cudagraphs"))
                 if 0 <= i < len(execs) else None for i in indices]
 
-    def stats(self) -> dict[str, int]:
-        return {"topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
+    def stats(self) -> dict[str, Any]:
+        """What the manager did: counts and seconds, and each compile ahead that ended (``ahead_jobs``)."""
+        return {"ahead_jobs": list(self.ahead.ended),
+                "topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
                 "actors_replaced": self.actors_replaced, "actors_released": self.actors_released,
                 "standalone_measured": len(self.standalone_cache), "compiled_ahead": self.ahead.started,
                 "actors_started_ahead": self.actors_ahead,

@@ -68,7 +68,7 @@ class Progress:
             parts.append(f"{value:.4g} {o.unit}" if value is not None else f"{o.name} not measured")
         return (", " + ", ".join(parts)) if parts and result.get("status") in ("ok", "violation") else ""
 
-    def breakdown(self, manager_stats: dict[str, int] | None) -> str:
+    def breakdown(self, manager_stats: dict[str, Any] | None) -> str:
         """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,
         set-up, export); trials by status; how often executors were started (``None``: the manager
         was still setting up executors for a trial the time budget stopped, and was ended)."""
@@ -92,10 +92,11 @@ class Progress:
                 f"{statuses or 'none'}; {manager_stats.get('topologies_started', 0)} executor topologies started "
                 f"({manager_stats.get('actors_adopted', 0)} actors reused from earlier ones, "
                 f"{manager_stats.get('actors_replaced', 0)} replaced after cuts), "
-                f"{manager_stats.get('standalone_measured', 0)} standalone measurements" + _ahead(manager_stats))
+                f"{manager_stats.get('standalone_measured', 0)} standalone measurements" + _ahead(manager_stats)
+                + "".join(f"\nautohet: set up ahead: {job}" for job in manager_stats.get("ahead_jobs", ())))
 
 
-def _ahead(stats: dict[str, int]) -> str:
+def _ahead(stats: dict[str, Any]) -> str:
     """What was made ready ahead while trials ran elsewhere (``autohet.tuning.ahead``), where anything was."""
     parts = []
     if stats.get("compiled_ahead"):

@@ -39,9 +39,10 @@ class StagedSearch(OptunaSearch):
     def __init__(self, *args: Any, later: list[Stage] | None = None,
                  kind_of: Callable[[dict[str, Any]], str | None] | None = None,
                  objectives: ObjectiveSet | None = None, ahead: list[dict[str, dict[str, Any]]] | None = None,
-                 **kwargs: Any) -> None:
+                 opening: dict[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ahead = list(ahead or [])
+        self.opening = dict(opening) if opening else None  # the first point it suggests (``tuner._plan_ahead``)
         self._enqueued = len(kwargs.get("points_to_evaluate") or [])  # points the next stage waits for
         self._later = [stage for stage in later or [] if stage.points]
         self._kind_of = kind_of

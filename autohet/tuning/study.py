@@ -76,6 +76,7 @@ def make_searcher(model: ModelSpec, settings: TuneSettings, space: SearchSpace, 
         DefineByRun(space, space_ctx), metric=objectives.search_metric, mode=objectives.search_mode,
         points_to_evaluate=first.singles if first else None, later=first.later() if first else None,
         kind_of=SingleKind(pool_spec), objectives=objectives, ahead=first.ahead() if first else None,
+        opening=first.singles[0] if first and first.singles else None,
         sampler=sampler, study_name=study_name, storage=storage, seed=settings.seed)
 
 

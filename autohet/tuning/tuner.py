@@ -19,7 +19,7 @@ from autohet.core.models import ModelSpec
 from autohet.core.objectives import ObjectiveSet
 from autohet.core.settings import MANAGER_ANSWER_S
 from autohet.core.workload import Workload
-from autohet.strategies import BASELINE
+from autohet.strategies import BASELINE, get_strategy
 from autohet.tracking import TuneOutcome
 from autohet.tuning.experiment import TunePool, open_experiment
 from autohet.tuning.finals import FINAL_SHARE
@@ -56,7 +56,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
     _start_ray(address)
     pool = _start_pool(model, settings, address, exp.name, data_seed, npy)
     space = space.for_pool(pool.spec)
-    stats: dict[str, int] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
+    stats: dict[str, Any] | None = {}  # None: the manager did not answer at the end (see answer_or_none)
     try:
         plan = size_trials(model, settings, pool, exp.state if resume else None)
         workload = Workload(pool.bank.bank, plan.images)
@@ -72,7 +72,7 @@ def tune_model(model: ModelSpec, settings: TuneSettings, address: str | None = N
         finals = _finals_on(settings)
         if remaining > 0:
             search = make_searcher(model, settings, space, pool.spec, exp.name, storage, resume)
-            _plan_ahead(pool.manager, search.ahead, objectives)
+            _plan_ahead(pool.manager, search.ahead, objectives, search.opening)
             run_search(search, setup, remaining, budget_s * (1 - FINAL_SHARE) if finals else budget_s, exp.dir,
                         record.logger, progress, logged)
         if finals:
@@ -126,14 +126,21 @@ def _start_pool(model: ModelSpec, settings: TuneSettings, address: str | None, e
     return TunePool(pool_spec, bank, manager_name, manager)
 
 
-def _plan_ahead(manager: Any, plan: list[dict[str, dict[str, Any]]], objectives: ObjectiveSet) -> None:
+def _plan_ahead(manager: Any, plan: list[dict[str, dict[str, Any]]], objectives: ObjectiveSet,
+                opening: dict[str, Any] | None = None) -> None:
     """The first points' plan to the manager (``autohet.tuning.ahead``), taken before the first trial asks
-    for executors; none where energy is an objective: work beside a trial would count in its energy."""
+    for executors, with the topology and executors of the first trial (``opening``): the idle GPUs start
+    on the plan while Ray Tune starts its trial process. None where energy is an objective: work beside a
+    trial would count in its energy."""
     if not plan or objectives.meters_energy:
         return
     import ray
 
-    ray.get(manager.plan_ahead.remote(plan))
+    first = None
+    if opening is not None:
+        strategy, params, _, pool_params = SearchSpace.decode(opening)
+        first = (pool_params, get_strategy(strategy).executors_used(params))
+    ray.get(manager.plan_ahead.remote(plan, first))
 
 
 def _finals_on(settings: TuneSettings) -> bool:
@@ -179,7 +186,7 @@ def _hold_finals(setup: TrialSetup, settings: TuneSettings, record: Record, prog
           f"{head}):\n{finals_table(finalists, primary, winner)}", file=sys.stderr, flush=True)
 
 
-def _summarize(manager: Any, progress: Progress) -> dict[str, int] | None:
+def _summarize(manager: Any, progress: Progress) -> dict[str, Any] | None:
     """Prints where the tune's wall time went; returns the manager's stats (None: it did not answer)."""
     if sys.stderr.isatty():
         print(file=sys.stderr)

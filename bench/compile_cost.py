@@ -1,0 +1,119 @@
+"""Where a GPU executor's inductor set-up spends its time, cold and warm, alone and two at once, on one GPU.
+
+A two-GPU tune of efficientnet_b0 waited 27 s for its settings compiled ahead (BENCHMARKS.md 43); this says
+what the set-up it waited for is made of. Each case starts fresh processes, each sets one setting up as a
+tune's executor does (``make_executor`` and ``load`` on GPU 0, its compiles on ``--cores``), and reports: the
+seconds from its start to its imports done, its set-up, the compile inside it, inductor's cache hits and
+dynamo's phases. Cases: each batch cold alone (a cache of its own), the first again warm (that cache), the
+batches cold at once on the same cores (one fresh cache), and cold at once on halves of the cores.
+
+    python -m bench.compile_cost --model efficientnet_b0 --batches 256,512 --cores 2-31
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from bench._common import REPO, compile_cache_env
+
+
+def child(model: str, batch: int, cores: list[int], began: float) -> None:
+    """One set-up, as a tune's GPU executor does it; its report is the last line printed."""
+    os.sched_setaffinity(0, cores)
+    imported = time.time()
+    import numpy as np
+    import torch
+
+    from autohet.core.models import ModelSpec, input_shape
+    from autohet.core.workload import Workload
+    from autohet.executors import ExecutorSpec, make_executor
+    from autohet.executors.compiled import compiling_on
+
+    imported = time.time() - imported
+    spec = ExecutorSpec("gpu0", "gpu", (cores[0],), gpu=0, batch=batch, precision="fp16", channels_last=True,
+                        backend="inductor")
+    start = time.perf_counter()
+    executor = make_executor(spec, ModelSpec(model))
+    with compiling_on(frozenset(cores)):
+        executor.load(Workload(np.zeros((1, *input_shape(model)), dtype=np.float32), 1))
+    set_up = time.perf_counter() - start
+    counters = torch._dynamo.utils.counters["inductor"]
+    phases = torch._dynamo.utils.compile_times(repr="str", aggregate=True)
+    print(phases, file=sys.stderr)
+    print(json.dumps({"batch": batch, "import_s": imported, "set_up_s": set_up, "compile_s": float(executor.compile_s),
+                      "fx_hits": int(counters.get("fxgraph_cache_hit", 0)),
+                      "fx_misses": int(counters.get("fxgraph_cache_miss", 0)), "wall_s": time.time() - began}))
+
+
+def case(name: str, model: str, jobs: list[tuple[int, list[int]]], cache: str) -> list[dict[str, Any]]:
+    """``jobs`` (batch, cores) set up at once, each in a fresh process, into ``cache``; their reports."""
+    env = {**os.environ, **compile_cache_env(cache)}
+    began = time.time()
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.compile_cost", "--child", "--model", model,
+                               "--batches", str(batch), "--cores", ",".join(map(str, cores)), "--began", str(began)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for batch, cores in jobs]
+    reports = []
+    for proc, (batch, cores) in zip(procs, jobs, strict=True):
+        out, err = proc.communicate(timeout=600)
+        if proc.returncode != 0:
+            raise SystemExit(f"{name} b{batch}: exit {proc.returncode}: {err.strip().splitlines()[-1:]}")
+        report = json.loads(out.strip().splitlines()[-1])
+        report.update(case=name, cores=f"{cores[0]}-{cores[-1]}")
+        reports.append(report)
+        phases = [line for line in err.splitlines() if line.strip() and "warn" not in line.lower()]
+        print(f"{name} b{batch} dynamo phases:\n  " + "\n  ".join(phases[-12:]), file=sys.stderr)
+    return reports
+
+
+def cores_of(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out += list(range(int(low), int(high or low) + 1))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="efficientnet_b0")
+    parser.add_argument("--batches", default="256,512")
+    parser.add_argument("--cores", default="2-31", help="the cores compiles run on (a tune's: those no GPU feeds)")
+    parser.add_argument("--out")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--began", type=float, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    batches, cores = [int(b) for b in args.batches.split(",")], cores_of(args.cores)
+    if args.child:
+        child(args.model, batches[0], cores, args.began)
+        return
+    half = len(cores) // 2
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as work:
+        for batch in batches:
+            rows += case("cold alone", args.model, [(batch, cores)], f"{work}/alone{batch}")
+        rows += case("warm alone", args.model, [(batches[0], cores)], f"{work}/alone{batches[0]}")
+        rows += case("cold at once", args.model, [(b, cores) for b in batches], f"{work}/once")
+        if len(batches) == 2 and half:
+            rows += case("cold at once, half the cores each", args.model,
+                         [(batches[0], cores[:half]), (batches[1], cores[half:])], f"{work}/halves")
+    print(f"\n{args.model}: inductor fp16 channels_last set-ups on GPU 0, each in a fresh process")
+    print(f"{'case':<36} {'batch':>5} {'cores':>6} {'imports':>8} {'set-up':>7} {'compile':>8} {'fx hit/miss':>11} "
+          f"{'ready after':>11}")
+    for r in rows:
+        print(f"{r['case']:<36} {r['batch']:>5} {r['cores']:>6} {r['import_s']:>7.1f}s {r['set_up_s']:>6.1f}s "
+              f"{r['compile_s']:>7.1f}s {r['fx_hits']:>5}/{r['fx_misses']:<5} {r['wall_s']:>10.1f}s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"bench": "compile_cost", "model": args.model, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
