@@ -547,7 +547,7 @@ def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure
 def test_a_gpu_setting_set_up_aside_fills_the_cache_its_executor_then_reads(lenet_workload, tmp_path, monkeypatch):
     """The child compiles the graph the executor would: the executor's own set-up after it hits the cache, once:
     its warm-up and runs call the program on the kind of tensor it was compiled on (a plain example compiled
-    every setting a second time, BENCHMARKS.md 43), whatever the layout."""
+    every default-mode setting a second time, BENCHMARKS.md 43), whatever the layout."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
     from torch._dynamo.utils import counters
@@ -569,6 +569,6 @@ def test_a_gpu_setting_set_up_aside_fills_the_cache_its_executor_then_reads(lene
     counters.clear()
     plain = make_executor(spec.with_params({"channels_last": False, "inductor_mode": "reduce-overhead"}),
                           ModelSpec("lenet"))
-    plain.load(lenet_workload)  # called as it is (no graph of ours), on a view of a device buffer
+    plain.load(lenet_workload)  # called as it is (no graph of ours), on a view of a device buffer: once too
     plain.run(0, 64)
     assert counters["inductor"]["fxgraph_cache_hit"] + counters["inductor"]["fxgraph_cache_miss"] == 1

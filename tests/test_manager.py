@@ -414,11 +414,12 @@ class FakeAhead:
     """Records the ahead work the manager starts and waits for; each job "compiled" for 2 s; the loads of
     actors started ahead (strings, ``FakePool.launch``) end at once, or fail where ``failing`` names them."""
 
-    def __init__(self, failing: tuple[Any, ...] = ()) -> None:
+    def __init__(self, failing: tuple[Any, ...] = (), hanging: tuple[Any, ...] = ()) -> None:
         self.started: list[tuple[Any, dict[str, Any], frozenset[int]]] = []
         self.aside: list[tuple[Any, dict[str, Any], frozenset[int]]] = []  # handles ("aside", i)
         self.waited: list[Any] = []
-        self.failing = failing
+        self.failing, self.hanging = failing, hanging
+        self.timeouts: list[float | None] = []
         self.ended_at: float | None = None  # when each job says it ended (None: not said)
 
     def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> int:
@@ -429,9 +430,10 @@ class FakeAhead:
         self.aside.append((actor, params, cores))
         return ("aside", len(self.aside) - 1)
 
-    def wait(self, handle: Any) -> Ready | None:
+    def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
         self.waited.append(handle)
-        if handle in self.failing:
+        self.timeouts.append(timeout)
+        if handle in self.failing or handle in self.hanging:  # a hanging one "runs" past any timeout
             return None
         return Ready(0.0) if isinstance(handle, str) else Ready(2.0, self.ended_at)
 
@@ -512,7 +514,8 @@ def test_the_gpus_the_first_trial_leaves_idle_start_on_the_plan_as_it_is_given(t
     manager = _ahead_manager(two_gpu_machine, ahead, plan=[])
     manager.plan_ahead(_PLAN, ({}, [0]))  # nothing live yet: nothing to start on
     _, actors, _ = manager.acquire({}, {})  # the calibration: every executor
-    for first in (None, ({"max_cpu_groups": 0}, [0]), ({}, None)):  # not given; another topology; all executors
+    # not given; another topology; every executor; one past the topology (the strategy's to refuse); a bad dim
+    for first in (None, ({"max_cpu_groups": 0}, [0]), ({}, None), ({}, [99]), ({"cpu_group_size": "x"}, [0])):
         manager.plan_ahead(_PLAN, first)
         assert ahead.started == [] and ahead.aside == []
     manager.plan_ahead(_PLAN, ({"max_cpu_groups": "all"}, [0]))
@@ -615,6 +618,45 @@ def test_an_executor_index_past_the_topology_is_left_to_the_strategy_to_refuse(t
     assert len(spec.executors) == len(two_gpu_machine.executors)
 
 
+def test_the_first_trial_is_handed_to_the_manager_only_where_its_point_fixes_its_topology(
+        two_gpu_machine: PoolSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan-time start needs the first trial's topology and executors: decoded from the first point, and
+    only where that point sets every pool dim the sampler would otherwise draw."""
+    import ray
+
+    from autohet.core.objectives import ObjectiveSet
+    from autohet.tuning.initial import staged_points
+    from autohet.tuning.space import load_search_space
+    from autohet.tuning.study import _opening
+    from autohet.tuning.tuner import _plan_ahead
+
+    space = load_search_space("search_spaces").for_pool(two_gpu_machine)
+    first = staged_points(space, two_gpu_machine)
+    point = _opening(first, space, pool_dims=True)
+    assert point == first.singles[0] and point["strategy"] == "single"
+    drawn = dict(first.singles[0])
+    drawn.pop("pool.cpu_group_size")  # a pool file's value outside the space's choices: the sampler's to draw
+    first.singles[0] = drawn
+    assert _opening(first, space, pool_dims=True) is None and _opening(first, space, pool_dims=False) == drawn
+
+    class Recording:
+        def __init__(self) -> None:
+            self.asked: list[Any] = []
+            self.plan_ahead = self
+
+        def remote(self, plan: Any, first: Any) -> Any:
+            self.asked.append((plan, first))
+            return None
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)
+    manager = Recording()
+    _plan_ahead(manager, _PLAN, ObjectiveSet.parse("throughput"), point)
+    pool = {k.removeprefix("pool."): v for k, v in point.items() if k.startswith("pool.")}
+    assert manager.asked == [(_PLAN, (pool, [point["single.executor"]]))]
+    _plan_ahead(manager, _PLAN, ObjectiveSet.parse("throughput"), None)
+    assert manager.asked[-1] == (_PLAN, None)
+
+
 def test_a_tune_with_an_energy_objective_plans_nothing_ahead() -> None:
     """The energy meter counts every GPU of the pool and the CPU packages during a run."""
     from autohet.core.objectives import ObjectiveSet
@@ -705,6 +747,26 @@ def test_in_a_two_gpu_tunes_order_each_gpu_is_set_up_before_the_trial_that_needs
     assert ahead.waited == [0, ("aside", 0)]
     manager.acquire({"max_cpu_groups": 0}, {"gpu": b512})  # both GPUs: gpu0's jobs first
     assert ahead.waited == [0, ("aside", 0), 1, 2] and len(ahead.started) == 3
+
+
+def test_work_ahead_still_running_past_its_bound_is_given_up_with_its_executor(
+        two_gpu_machine: PoolSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung compile held every later trial of a tune: a job is waited for until ``AHEAD_GIVE_UP_S`` after it
+    started, and one still running then (a child's too) has its executor ended, its child with it."""
+    import autohet.tuning.ahead as ahead_module
+    from autohet.core.settings import AHEAD_GIVE_UP_S
+
+    killed: list = []
+    ahead = FakeAhead(hanging=(("aside", 0),))
+    manager = _ahead_manager(two_gpu_machine, ahead, killed=killed)
+    _, actors, _ = manager.acquire({}, {"gpu": {"backend": "eager"}}, only=[0])
+    manager.acquire({}, {"gpu": _INDUCTOR}, only=[0])  # waits for gpu1's b256, within the bound
+    assert ahead.waited == [0] and AHEAD_GIVE_UP_S - 60 < ahead.timeouts[0] <= AHEAD_GIVE_UP_S
+    monkeypatch.setattr(ahead_module, "AHEAD_GIVE_UP_S", 0.0)  # the child's job is past its bound
+    _, fresh, _ = manager.acquire({}, {"gpu": {**_INDUCTOR, "batch": 512}}, only=[1])
+    assert ahead.waited == [0, ("aside", 0)] and ahead.timeouts[1] == 0.0  # exact: max(0.0, a past bound)
+    assert killed == [actors[1]] and fresh[1] != actors[1]
+    assert manager.stats()["ahead_jobs"][-1] == "gpu1 (child) inductor b512 cold: given up after 0 s"
 
 
 def test_an_aside_compile_that_failed_leaves_its_executor_and_a_failed_job_ends_only_its_own_actor(

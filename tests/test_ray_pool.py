@@ -61,8 +61,16 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
         assert done is not None and done.compile_s == 0.0  # exact: eager compiles nothing
         assert done.ended_at is not None and asked <= done.ended_at <= time.time()
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
+        # work still running at its bound is given up (a task that ends in a minute, or never starts)
+        hung = ray_local.remote(num_cpus=0)(_sleep).remote(60)
+        assert runner.wait(hung, timeout=0.2) is None
+        ray_local.cancel(hung, force=True)
     finally:
         pool.shutdown()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 def test_declared_fake_gpu_is_taken_by_the_simulated_gpu_executor(ray_local):

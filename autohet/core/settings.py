@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 __all__ = [
-    "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CHUNK_READ", "CLOSE_TO_BEST",
+    "ACQUIRE_SHARE_CAP", "ACTOR_START_TIMEOUT_S", "AHEAD_GIVE_UP_S", "CHUNK_BYTES", "CHUNK_READ", "CLOSE_TO_BEST",
     "CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "ENV", "FINAL_MOST_SCALE", "FINAL_SHARE",
     "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
     "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "NEGLIGIBLE_SHARE", "OBJECT_STORE_BYTES",
@@ -78,6 +78,10 @@ CPU executors drop their programs."""
 
 MANAGER_ANSWER_S = 10.0
 """How long the end of a tune waits for the pool manager before ending it."""
+
+AHEAD_GIVE_UP_S = 300.0
+"""Work ahead (a setting compiled on an idle GPU, a CPU group loading) still running this long after it
+started is given up when a trial needs it: its executor is ended, and the trial sets up its own."""
 
 # --- pools and executors ----------------------------------------------------------------------------------
 

@@ -151,8 +151,8 @@ class GpuExecutor(PinnedStaging, Executor):
             if batch not in self.variant.compiled:
                 # compiled on an inference tensor, as ``_launch`` calls it on one (its inputs and a graph's static
                 # ones are made in inference mode): torch.compile guards on the flag, and a plain example compiled
-                # every setting twice, the second at the warm-up: 11 s of efficientnet_b0's b256 set-up on an
-                # H200, cold or warm (BENCHMARKS.md 43)
+                # a setting twice wherever its input was a copy (another layout, a CUDA graph's: every default
+                # mode setting), the second at the warm-up (BENCHMARKS.md 43)
                 with torch.inference_mode():
                     example = torch.zeros((batch, *shape), dtype=self.dtype, device=self.device)
                     example = example.contiguous(memory_format=self.memory_format)

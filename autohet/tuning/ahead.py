@@ -30,6 +30,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from autohet.core.settings import AHEAD_GIVE_UP_S
 from autohet.executors import ExecutorSpec
 from autohet.executors.backends import backend
 from autohet.pool import Identity, PoolSpec, identity
@@ -82,8 +83,9 @@ class AheadRunner(Protocol):
         nothing after: the setting is in the compile cache)."""
         ...
 
-    def wait(self, handle: Any) -> Ready | None:
-        """Blocks until the work ends; what it reports, or None where it failed (a compile's
+    def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
+        """Blocks until the work ends, or ``timeout`` seconds pass; what it reports, or None where it failed or
+        did not end in time (a compile's
         setting is then set up by the trial that needs it, which meets the failure, if any, as its own; an
         actor started ahead is ended, and the topology that needs it starts its own)."""
         ...
@@ -106,22 +108,31 @@ class RayAhead:
         started = actor.compile_aside.options(concurrency_group=ASIDE_GROUP).remote(params, sorted(cores))
         return _AsideCall(actor, started)
 
-    def wait(self, handle: Any) -> Ready | None:
+    def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
         import ray
 
         from autohet.pool.actors import ASIDE_GROUP
 
+        end = None if timeout is None else time.monotonic() + timeout
         try:
             if isinstance(handle, _AsideCall):
-                ray.get(handle.started)
-                report = ray.get(handle.actor.wait_aside.options(concurrency_group=ASIDE_GROUP).remote())
+                ray.get(handle.started, timeout=_left(end))
+                report = ray.get(handle.actor.wait_aside.options(concurrency_group=ASIDE_GROUP).remote(),
+                                 timeout=_left(end))
             else:
-                report = ray.get(handle)
+                report = ray.get(handle, timeout=_left(end))
             return Ready(float(report.get("compile_s", 0.0)), report.get("ended_at"))
+        except ray.exceptions.GetTimeoutError:
+            _log.info("work ahead given up: still running after %.0f s more", timeout)
+            return None
         except Exception as exc:  # its actor ended (evicted, replaced) or the setting failed
             cause = str(getattr(exc, "cause", None) or exc).strip().splitlines()
             _log.info("work ahead failed: %s", cause[-1] if cause else type(exc).__name__)
             return None
+
+
+def _left(end: float | None) -> float | None:
+    return None if end is None else max(0.0, end - time.monotonic())
 
 
 @dataclass(eq=False)  # a job is itself: two of one setting on one executor are two jobs
@@ -134,12 +145,13 @@ class _Job:
     cold: bool = True  # no executor held it and no compile had cached it when the job started
     started_at: float = field(default_factory=time.time)
 
-    def line(self, done: Ready | None) -> str:
-        """The job in a few words: where, what, and how long after its start it was ready (a tune's summary)."""
+    def line(self, done: Ready | None, hung: bool = False) -> str:
+        """The job in a few words: where, what, and how long after its start it was ready (a tune's summary;
+        ahead work runs on this node's GPUs, on the manager's clock)."""
         where = f"{self.executor.name}{' (child)' if self.aside else ''}"
         what = f"{self.setting.backend} b{self.setting.batch} {'cold' if self.cold else 'warm'}"
         if done is None:
-            return f"{where} {what}: failed"
+            return f"{where} {what}: " + (f"given up after {AHEAD_GIVE_UP_S:.0f} s" if hung else "failed")
         ready = f"ready after {done.ended_at - self.started_at:.0f} s, " if done.ended_at is not None else ""
         return f"{where} {what}: {ready}{done.compile_s:.0f} s compiling"
 
@@ -159,7 +171,7 @@ class CompileAhead:
         self.started = 0
         self.compile_s = 0.0  # what the ahead work compiled
         self.waited_s = 0.0  # what trials waited for it
-        self.ended: list[str] = []  # each job that ended, in a few words (``_Job.line``)
+        self.ended: list[str] = []  # each job a trial waited for, in a few words (``_Job.line``)
 
     def set_plan(self, plan: list[dict[str, dict[str, Any]]]) -> None:
         """The plan's executor settings (its ``pool`` entries, topologies, are the manager's)."""
@@ -197,17 +209,20 @@ class CompileAhead:
         return [j for j in self.jobs if j.executor in names or j.gpu in gpus or (j.cold and j.setting in needed)]
 
     def settle(self, jobs: list[_Job]) -> list[Identity]:
-        """Waits for ``jobs``; returns the executors whose job failed (its actor may have died, or hold a
-        setting it could not set up: the manager ends it, and a fresh one starts when next needed)."""
+        """Waits for ``jobs``, each until ``AHEAD_GIVE_UP_S`` after its start; returns the executors whose job
+        failed or was given up (its actor may have died, hold a setting it could not set up, or still be
+        compiling: the manager ends it, a child compiling aside with it, and a fresh one starts when next
+        needed)."""
         start = time.perf_counter()
         failed = []
         for job in jobs:
             if job not in self.jobs:  # forgotten meanwhile: its executor failed an earlier job and is ending
                 continue
-            done = self.runner.wait(job.handle)
+            done = self.runner.wait(job.handle, max(0.0, job.started_at + AHEAD_GIVE_UP_S - time.time()))
             compiled = None if done is None else done.compile_s
-            self.ended.append(job.line(done))
-            if job.aside:  # failed or not, its executor is as it was
+            hung = done is None and time.time() >= job.started_at + AHEAD_GIVE_UP_S
+            self.ended.append(job.line(done, hung))
+            if job.aside and not hung:  # failed or not, its executor is as it was
                 self.cached.update([job.setting] if compiled is not None else [])
             elif compiled is None:
                 failed.append(job.executor)

@@ -14,12 +14,13 @@ the GPUs, an idle one compiles the tune's coming settings ahead (``autohet.tunin
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
 from autohet.core.models import ModelSpec
-from autohet.core.settings import RELEASE_IDLE_BELOW
+from autohet.core.settings import AHEAD_GIVE_UP_S, RELEASE_IDLE_BELOW
 from autohet.core.workload import Workload, WorkloadSpec
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
@@ -27,6 +28,7 @@ from autohet.tuning.ahead import AheadRunner, CompileAhead, RayAhead, ahead_core
 
 __all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
 
+_log = logging.getLogger(__name__)
 
 
 def regroup(base: PoolSpec, pool_params: dict[str, Any]) -> PoolSpec:
@@ -94,8 +96,13 @@ class PoolManager:
         if first is None or self.pool is None or self.loading:
             return
         pool_params, used = first
-        if tuple(identity(e) for e in regroup(self.base, pool_params).executors) == self.key:
-            self.ahead.start(self.pool.spec, self.pool.actors, used)
+        try:  # only a head start: what fails here, the first trial meets as its own
+            if tuple(identity(e) for e in regroup(self.base, pool_params).executors) == self.key:
+                count = len(self.pool.spec.executors)
+                self.ahead.start(self.pool.spec, self.pool.actors,
+                                 None if used is None else [i for i in used if 0 <= i < count])
+        except Exception as exc:
+            _log.info("no work ahead before the first trial: %s", str(exc).strip().splitlines()[-1:])
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
@@ -179,10 +186,11 @@ class PoolManager:
         return fresh and any(identity(e) not in self.live for e in spec.executors)
 
     def _settle_loading(self) -> None:
-        """Waits for the actors started ahead to load (counted as acquiring); ends any that failed, so that
-        the topology needing it starts its own and meets the failure, if any, as its own."""
+        """Waits for the actors started ahead to load (counted as acquiring); ends any that failed or still
+        loads ``AHEAD_GIVE_UP_S`` later, so that the topology needing it starts its own and meets the
+        failure, if any, as its own."""
         for ident, load in list(self.loading.items()):
-            if self.ahead.runner.wait(load) is None:
+            if self.ahead.runner.wait(load, AHEAD_GIVE_UP_S) is None:
                 self._end(ident)
             del self.loading[ident]
 
@@ -289,7 +297,7 @@ class PoolManager:
                 if 0 <= i < len(execs) else None for i in indices]
 
     def stats(self) -> dict[str, Any]:
-        """What the manager did: counts and seconds, and each compile ahead that ended (``ahead_jobs``)."""
+        """What the manager did: counts and seconds, and each compile ahead a trial waited for (``ahead_jobs``)."""
         return {"ahead_jobs": list(self.ahead.ended),
                 "topologies_started": self.topologies_started, "actors_adopted": self.actors_adopted,
                 "actors_replaced": self.actors_replaced, "actors_released": self.actors_released,

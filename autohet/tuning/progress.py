@@ -71,7 +71,8 @@ class Progress:
     def breakdown(self, manager_stats: dict[str, Any] | None) -> str:
         """Where the tune's wall time went: the trials' phases, MLflow logging, the rest (Ray Tune,
         set-up, export); trials by status; how often executors were started (``None``: the manager
-        was still setting up executors for a trial the time budget stopped, and was ended)."""
+        was still setting up executors for a trial the time budget stopped, and was ended); then a line
+        per setting set up ahead that a trial waited for."""
         wall = time.time() - self.start
         parts = [f"{name.removesuffix('_s')} {secs:.0f} s" for name, secs in self.seconds.items() if name != "trial_s"]
         rest = wall - self.seconds.get("trial_s", 0.0) - self.seconds.get("mlflow_log_s", 0.0)

@@ -76,8 +76,17 @@ def make_searcher(model: ModelSpec, settings: TuneSettings, space: SearchSpace, 
         DefineByRun(space, space_ctx), metric=objectives.search_metric, mode=objectives.search_mode,
         points_to_evaluate=first.singles if first else None, later=first.later() if first else None,
         kind_of=SingleKind(pool_spec), objectives=objectives, ahead=first.ahead() if first else None,
-        opening=first.singles[0] if first and first.singles else None,
+        opening=_opening(first, space, pool_dims),
         sampler=sampler, study_name=study_name, storage=storage, seed=settings.seed)
+
+
+def _opening(first: FirstPoints | None, space: SearchSpace, pool_dims: bool) -> dict[str, Any] | None:
+    """The first point, where it fixes its topology: every pool dim the sampler would otherwise draw (a pool
+    file's value outside the space's choices is left to it, and the first trial's topology is unknown)."""
+    if not first or not first.singles:
+        return None
+    point = first.singles[0]
+    return point if not pool_dims or all(f"pool.{name}" in point for name in space.pool) else None
 
 
 def trial_budget_s(settings: TuneSettings, started: float) -> float:
