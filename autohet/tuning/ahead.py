@@ -9,14 +9,17 @@ for when the GPUs run together. Each idle GPU sets up every planned setting it d
 executor holds yet first (the cold compile is the long one), and never one another job is compiling (it
 would compile the same program cold beside it). One process compiles one program at a time, so a second
 cold setting is compiled in a child of the idle GPU's actor, beside the first (``executors/aside.py``): on
-two GPUs both cold compiles run at once at the tune's start; on four, on two GPUs' actors. The first points
+two GPUs both cold compiles run at once from when the plan is given (``PoolManager.plan_ahead``: on the
+topology the calibration left live, while Ray Tune starts its trial process); on four, on two GPUs' actors.
+Two at once cost about what one alone does (BENCHMARKS.md 43). The first points
 put the compiled single and the batch walk on the GPU that compiles ahead (``tuning/initial.py``): its
 trials wait for their own compiles and set up at most from the cache, while the first GPU sets up from the
 cache what the GPUs together will need.
 
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
 (its executor or GPU, a setting it compiles cold, the cores of a CPU group, or another topology's start) first
-waits for that work to end (``conflicts``), and the wait is counted as acquiring. The plan's topologies
+waits for that work to end (``conflicts``), and the wait is counted as acquiring; work still running
+``AHEAD_GIVE_UP_S`` after its start is given up, its executor ended. The plan's topologies
 (``pool`` entries: the CPU group the singles run on) have their new CPU executors started ahead the same way,
 by the manager (``PoolManager``).
 """
