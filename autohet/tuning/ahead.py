@@ -88,9 +88,9 @@ class AheadRunner(Protocol):
 
     def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
         """Blocks until the work ends, or ``timeout`` seconds pass; what it reports, or None where it failed or
-        did not end in time (a compile's
-        setting is then set up by the trial that needs it, which meets the failure, if any, as its own; an
-        actor started ahead is ended, and the topology that needs it starts its own)."""
+        did not end in time (a compile's setting is then set up by the trial that needs it, which meets the
+        failure, if any, as its own; an actor started ahead is ended, and the topology that needs it starts
+        its own)."""
         ...
 
 

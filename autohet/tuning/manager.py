@@ -102,7 +102,8 @@ class PoolManager:
                 self.ahead.start(self.pool.spec, self.pool.actors,
                                  None if used is None else [i for i in used if 0 <= i < count])
         except Exception as exc:
-            _log.info("no work ahead before the first trial: %s", str(exc).strip().splitlines()[-1:])
+            _log.info("no work ahead before the first trial: %s",
+                      (str(exc).strip().splitlines() or [type(exc).__name__])[-1])
 
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
