@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from bench._common import REPO, compile_cache_env
+from bench.cpu_peers import parse_cores
 
 
 def child(model: str, batch: int, cores: list[int], began: float) -> None:
@@ -87,14 +88,6 @@ def _read(file: Any) -> str:
     return text
 
 
-def cores_of(text: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        low, _, high = part.partition("-")
-        out += list(range(int(low), int(high or low) + 1))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="efficientnet_b0")
@@ -106,7 +99,7 @@ def main() -> None:
     parser.add_argument("--began", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
-    cores = cores_of(args.cores) if args.cores else sorted(os.sched_getaffinity(0))[2:] or [0]
+    cores = parse_cores(args.cores) if args.cores else sorted(os.sched_getaffinity(0))[2:] or [0]
     if args.child:
         child(args.model, batches[0], cores, args.began)
         return

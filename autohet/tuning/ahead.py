@@ -221,9 +221,10 @@ class CompileAhead:
         for job in jobs:
             if job not in self.jobs:  # forgotten meanwhile: its executor failed an earlier job and is ending
                 continue
-            done = self.runner.wait(job.handle, max(0.0, job.started_at + AHEAD_GIVE_UP_S - time.time()))
+            give_up = job.started_at + AHEAD_GIVE_UP_S
+            done = self.runner.wait(job.handle, max(0.0, give_up - time.time()))
             compiled = None if done is None else done.compile_s
-            hung = done is None and time.time() >= job.started_at + AHEAD_GIVE_UP_S
+            hung = done is None and time.time() >= give_up
             self.ended.append(job.line(done, hung))
             if job.aside and not hung:  # failed or not, its executor is as it was
                 self.cached.update([job.setting] if compiled is not None else [])
