@@ -329,6 +329,33 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
                             reached=8539.0) is not None  # a faster trial of another kind still refuses it
 
 
+def test_an_engines_devices_are_figured_as_the_engine_runs_them(nine_core_gpu_machine: PoolSpec) -> None:
+    """``device_figures``: a GPU's best figure as eager PyTorch or a CUDA graph of it (an engine runs no
+    inductor), its compiled figure only where no other is known; a CPU group's eager figure, else its best at
+    any backend; None for a device never measured. On two H200s resnet18's engine trials were bounded by
+    inductor's 78k img/s a GPU and each ran until the trial timeout cut it (BENCHMARKS.md 44); by the CUDA
+    graph's 48k they are refused against the GPUs together."""
+    from autohet.tuning.trainable import ENGINE_HEADROOM, engine_shortfall
+
+    manager = _manager(nine_core_gpu_machine)
+    manager.acquire({}, {})
+    assert manager.pool is not None
+    gpu, group = manager.pool.spec.executors[:2]
+    values = manager.standalone_cache.values
+    values[(executor_class(gpu.with_params({"backend": "inductor", "batch": 512})), None)] = 78166.0
+    assert manager.device_figures([0, 1]) == [78166.0, None]  # exact: the test's own figures
+    values[(executor_class(gpu.with_params({"backend": "cudagraphs"})), None)] = 48429.0
+    values[(executor_class(group.with_params({"backend": "onnxruntime"})), None)] = 416.0
+    figures = manager.device_figures([0, 1, 99])
+    assert figures == [48429.0, 416.0, None]  # exact: the test's own figures
+    values[(executor_class(group.with_params({"backend": "eager"})), None)] = 120.0
+    assert manager.device_figures([1]) == [120.0]  # exact: the test's own figures
+    # the two-GPU tune's figures (BENCHMARKS.md 43): the GPUs together at 153808 img/s
+    names = ["gpu0", "gpu1", "cpu"]
+    assert engine_shortfall("pipeline", 153808.0, [48429.0, 48429.0, 416.0], names, ENGINE_HEADROOM) is not None
+    assert engine_shortfall("pipeline", 153808.0, [78166.0, 78166.0, 416.0], names, ENGINE_HEADROOM) is None
+
+
 def test_an_engine_trials_figure_counts_for_its_devices_and_any_that_hold_them() -> None:
     """``engine_reached``: the best an engine trial ran on a set of executors, for those executors or more
     of them, by executor identity; a single's figure is no engine trial's."""

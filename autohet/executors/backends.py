@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from autohet.core.errors import unknown_name
 
-__all__ = ["BACKENDS", "BLOCK_RUNNERS", "EXECUTOR_BACKENDS", "PER_BLOCK", "Backend", "backend", "block_runners_for"]
+__all__ = ["BACKENDS", "BLOCK_RUNNERS", "ENGINE_LIKE", "EXECUTOR_BACKENDS", "PER_BLOCK", "Backend", "backend",
+           "block_runners_for"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,9 @@ class Backend:
     (placement); ``own_stream``: as a block runner it queues on a CUDA stream of its own (its calls are
     ordered by synchronising); ``needs_tuning``: untuned it is 50-150x slower than PyTorch, so it runs only
     where a tuning database exists; ``device_format``: as a block runner it runs in the engine device's
-    precision and memory layout (else in its own compiled format)."""
+    precision and memory layout (else in its own compiled format); ``engine_like``: the engine families
+    (pipeline, split, channels, placement) run a device's model this way, eager PyTorch captured as a CUDA
+    graph on a GPU, so its standalone figure on a device bounds what an engine gets from that device."""
 
     name: str
     devices: frozenset[str] = frozenset()
@@ -39,14 +42,15 @@ class Backend:
     own_stream: bool = False
     needs_tuning: bool = False
     device_format: bool = False
+    engine_like: bool = False
 
 
 _CPU, _GPU, _BOTH = frozenset({"cpu"}), frozenset({"gpu"}), frozenset({"cpu", "gpu"})
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("eager", _BOTH),
+    Backend("eager", _BOTH, engine_like=True),
     Backend("inductor", _BOTH, compiles=True, request_graph=True, gpu_first=0),
-    Backend("cudagraphs", _GPU, request_graph=True, gpu_first=1),
+    Backend("cudagraphs", _GPU, request_graph=True, gpu_first=1, engine_like=True),
     Backend("openvino", _CPU),
     Backend("onnxruntime", _CPU),
     Backend("onnxruntime_nnpack", _CPU),
@@ -54,6 +58,7 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("tvm", blocks=True, own_stream=True, needs_tuning=True),
 )}
 EXECUTOR_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.devices)
+ENGINE_LIKE = tuple(name for name, b in BACKENDS.items() if b.engine_like)
 BLOCK_RUNNERS = tuple(name for name, b in BACKENDS.items() if b.blocks)
 PER_BLOCK = "per_block"  # a placement's choice: each (block, device) runs with the block runner measured faster
 

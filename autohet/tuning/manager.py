@@ -22,6 +22,7 @@ from typing import Any
 from autohet.core.models import ModelSpec
 from autohet.core.settings import AHEAD_GIVE_UP_S, RELEASE_IDLE_BELOW
 from autohet.core.workload import Workload, WorkloadSpec
+from autohet.executors.backends import ENGINE_LIKE
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
 from autohet.tuning.ahead import AheadRunner, CompileAhead, RayAhead, ahead_cores
@@ -289,13 +290,16 @@ class PoolManager:
         return self.standalone_cache.measure_one(self.pool, index, seconds)
 
     def device_figures(self, indices: list[int]) -> list[float | None]:
-        """For executors of the live topology, the best standalone figure known for each one's device with
-        PyTorch, any precision, layout or batch (None where none was measured): the engine families run
-        PyTorch on their devices, so no engine run gets more from one."""
+        """For executors of the live topology, the best standalone figure known for each one's device run as
+        the engine families run it (``ENGINE_LIKE``: eager PyTorch, a CUDA graph of it on a GPU), any
+        precision, layout or batch; where none was measured, its best at any backend (on CPU groups ONNX
+        Runtime or OpenVINO, faster than eager PyTorch there); None where the device was never measured.
+        Inductor's figure is no bound of an engine's: on two H200s resnet18's 78k img/s a GPU (48k as a CUDA
+        graph) let every engine trial run until the trial timeout cut it (BENCHMARKS.md 44)."""
         assert self.pool is not None, "acquire() first"
         execs = self.pool.spec.executors
-        return [self.standalone_cache.known_any(execs[i], ("eager", "inductor", "cudagraphs"))
-                if 0 <= i < len(execs) else None for i in indices]
+        known = self.standalone_cache.known_any
+        return [known(execs[i], ENGINE_LIKE) or known(execs[i]) if 0 <= i < len(execs) else None for i in indices]
 
     def stats(self) -> dict[str, Any]:
         """What the manager did: counts and seconds, and each compile ahead a trial waited for (``ahead_jobs``)."""
