@@ -313,8 +313,8 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
 
     why = engine_shortfall("pipeline", 7.3, [2.1, 2.0], ["cpu0", "cpu1"])  # vgg16: two eager cores vs OpenVINO
     assert why == ("pipeline cannot beat the best trial's 7.3 img/s: its devices (cpu0, cpu1) run the whole model "
-                   f"at 4.1 img/s together, each at its best measured PyTorch setting (under 1/{ENGINE_HEADROOM:g} "
-                   "of it)")
+                   "at 4.1 img/s together, each at its best figure as an engine runs it (eager PyTorch or a CUDA "
+                   f"graph of it; at any backend where none is known), under 1/{ENGINE_HEADROOM:g} of it")
     assert engine_shortfall("pipeline", 6.0, [2.1, 2.0], ["a", "b"]) is None  # within the headroom: it runs
     assert engine_shortfall("split", 4.6, [2.1, 2.0], ["a", "b"], CPU_ENGINE_HEADROOM) is not None  # CPUs: 1.1x
     assert engine_shortfall("pipeline", 7.3, [2.1, None], ["a", "b"]) is None  # a device never measured

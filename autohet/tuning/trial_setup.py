@@ -191,5 +191,5 @@ def engine_shortfall(strategy: str, best: float | None, figures: list[float | No
     if headroom * max(total, reached or 0.0) >= best:
         return None
     return (f"{strategy} cannot beat the best trial's {best:.4g} img/s: its devices ({', '.join(names)}) run the "
-            f"whole model at {total:.4g} img/s together, each at its best measured PyTorch setting (under "
-            f"1/{headroom:g} of it)")
+            f"whole model at {total:.4g} img/s together, each at its best figure as an engine runs it (eager "
+            f"PyTorch or a CUDA graph of it; at any backend where none is known), under 1/{headroom:g} of it")
