@@ -2,7 +2,8 @@
 scaled per channel (``x * a + b``) into the model's fp16 channels_last input, one batch at a time.
 
 Over two H200s the uint8 pixels stream ran at 0.93x its run where page-locked float32, converted on the GPU
-the same way but without the scale, ran at 0.98x; each lane's device time was 4% longer (BENCHMARKS.md 44).
+the same way but without the scale, ran at 0.98x; the pixel lanes spent about 1.5% more device time an
+image (BENCHMARKS.md 44).
 This times each way of writing the scale with CUDA events, its outputs against the float32 reference:
 
     python -m bench.pixel_scale --batch 256
@@ -18,7 +19,7 @@ import torch
 def variants(a32: torch.Tensor, b32: torch.Tensor) -> dict:
     a16, b16 = a32.half(), b32.half()
 
-    def addcmul_fp32_factors(u8: torch.Tensor, out: torch.Tensor) -> None:  # the executor's way until now
+    def addcmul_fp32_factors(u8: torch.Tensor, out: torch.Tensor) -> None:  # the executor's way
         torch.addcmul(b32, u8, a32, out=out)
 
     def addcmul_fp16_factors(u8: torch.Tensor, out: torch.Tensor) -> None:
@@ -49,7 +50,8 @@ def variants(a32: torch.Tensor, b32: torch.Tensor) -> dict:
     def float32_copy(f32: torch.Tensor, out: torch.Tensor) -> None:  # page-locked float32's conversion
         out.copy_(f32)
 
-    return {"addcmul, fp32 factors (until now)": addcmul_fp32_factors, "addcmul, fp16 factors": addcmul_fp16_factors,
+    return {"addcmul, fp32 factors (the executor's)": addcmul_fp32_factors,
+            "addcmul, fp16 factors": addcmul_fp16_factors,
             "scale in NCHW, then the layout": scale_nchw_then_layout, "layout, then scale in place": layout_then_scale,
             "layout, then scale on 64-pixel rows": layout_then_tiled_scale, "uint8 copy, no scale": uint8_copy,
             "float32 copy (page-locked float32's)": float32_copy}

@@ -313,8 +313,8 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
 
     why = engine_shortfall("pipeline", 7.3, [2.1, 2.0], ["cpu0", "cpu1"])  # vgg16: two eager cores vs OpenVINO
     assert why == ("pipeline cannot beat the best trial's 7.3 img/s: its devices (cpu0, cpu1) run the whole model "
-                   "at 4.1 img/s together, each at its best figure as an engine runs it (eager PyTorch or a CUDA "
-                   f"graph of it; at any backend where none is known), under 1/{ENGINE_HEADROOM:g} of it")
+                   "at 4.1 img/s together, each at its best figure as an engine runs it (eager PyTorch on a CPU, a "
+                   f"CUDA graph on a GPU; at any backend where none is known), under 1/{ENGINE_HEADROOM:g} of it")
     assert engine_shortfall("pipeline", 6.0, [2.1, 2.0], ["a", "b"]) is None  # within the headroom: it runs
     assert engine_shortfall("split", 4.6, [2.1, 2.0], ["a", "b"], CPU_ENGINE_HEADROOM) is not None  # CPUs: 1.1x
     assert engine_shortfall("pipeline", 7.3, [2.1, None], ["a", "b"]) is None  # a device never measured
@@ -329,31 +329,39 @@ def test_an_engine_family_is_refused_only_where_its_devices_cannot_reach_the_bes
                             reached=8539.0) is not None  # a faster trial of another kind still refuses it
 
 
-def test_an_engines_devices_are_figured_as_the_engine_runs_them(nine_core_gpu_machine: PoolSpec) -> None:
-    """``device_figures``: a GPU's best figure as eager PyTorch or a CUDA graph of it (an engine runs no
-    inductor), its compiled figure only where no other is known; a CPU group's eager figure, else its best at
-    any backend; None for a device never measured. On two H200s resnet18's engine trials were bounded by
-    inductor's 78k img/s a GPU and each ran until the trial timeout cut it (BENCHMARKS.md 44); by the CUDA
-    graph's 48k they are refused against the GPUs together."""
+def test_an_engines_devices_are_figured_as_the_engine_runs_them() -> None:
+    """``device_figures``: a GPU at its CUDA graph's figure (an engine runs its stages so, never as inductor
+    or plain eager), else another whole GPU's of the host (the tune measures each backend on one of them),
+    else its best at any backend; a CPU group at its eager figure, else its best at any backend; None for a
+    device never measured. On two H200s resnet18's engine trials were bounded by inductor's 78166 img/s a GPU
+    and each ran until the trial timeout cut it (BENCHMARKS.md 43); by the CUDA graph's 48429 they are refused
+    against the GPUs together."""
+    from autohet.executors import ExecutorSpec
     from autohet.tuning.trainable import ENGINE_HEADROOM, engine_shortfall
 
-    manager = _manager(nine_core_gpu_machine)
+    gpus = [ExecutorSpec(f"gpu{g}", "gpu", (g,), g, batch=256) for g in (0, 1)]
+    base = PoolSpec("two", [*gpus, ExecutorSpec("cpu0", "cpu", (2, 3), batch=16)])
+    manager = _manager(base)
     manager.acquire({}, {})
-    assert manager.pool is not None
-    gpu, group = manager.pool.spec.executors[:2]
+    gpu0, gpu1, group = base.executors
     values = manager.standalone_cache.values
-    values[(executor_class(gpu.with_params({"backend": "inductor", "batch": 512})), None)] = 78166.0
-    assert manager.device_figures([0, 1]) == [78166.0, None]  # exact: the test's own figures
-    values[(executor_class(gpu.with_params({"backend": "cudagraphs"})), None)] = 48429.0
-    values[(executor_class(group.with_params({"backend": "onnxruntime"})), None)] = 416.0
-    figures = manager.device_figures([0, 1, 99])
-    assert figures == [48429.0, 416.0, None]  # exact: the test's own figures
-    values[(executor_class(group.with_params({"backend": "eager"})), None)] = 120.0
-    assert manager.device_figures([1]) == [120.0]  # exact: the test's own figures
-    # the two-GPU tune's figures (BENCHMARKS.md 43): the GPUs together at 153808 img/s
-    names = ["gpu0", "gpu1", "cpu"]
-    assert engine_shortfall("pipeline", 153808.0, [48429.0, 48429.0, 416.0], names, ENGINE_HEADROOM) is not None
-    assert engine_shortfall("pipeline", 153808.0, [78166.0, 78166.0, 416.0], names, ENGINE_HEADROOM) is None
+
+    def measured(spec: ExecutorSpec, backend: str, ips: float) -> None:
+        values[(executor_class(spec.with_params({"backend": backend})), None)] = ips
+
+    measured(gpu1, "inductor", 78166.0)
+    measured(gpu1, "eager", 40000.0)  # a launch-bound model's eager figure: under its CUDA graph's
+    assert manager.device_figures([1, 2]) == [78166.0, None]  # exact: only inductor's is an engine's bound
+    measured(gpu0, "cudagraphs", 48429.0)
+    measured(group, "onnxruntime", 416.0)
+    # exact: the test's own figures; gpu1 takes gpu0's CUDA graph, the group its ONNX Runtime figure
+    assert manager.device_figures([0, 1, 2, 99]) == [48429.0, 48429.0, 416.0, None]
+    measured(group, "eager", 120.0)
+    assert manager.device_figures([2]) == [120.0]  # exact: as above
+    # §43's tune: the best trial 157953 img/s, the GPUs together
+    names = ["gpu0", "gpu1", "cpu0"]
+    assert engine_shortfall("pipeline", 157953.0, manager.device_figures([0, 1, 2]), names, ENGINE_HEADROOM)
+    assert engine_shortfall("pipeline", 157953.0, [78166.0, 78166.0, 416.0], names, ENGINE_HEADROOM) is None
 
 
 def test_an_engine_trials_figure_counts_for_its_devices_and_any_that_hold_them() -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from autohet.core.errors import unknown_name
 
-__all__ = ["BACKENDS", "BLOCK_RUNNERS", "ENGINE_LIKE", "EXECUTOR_BACKENDS", "PER_BLOCK", "Backend", "backend",
-           "block_runners_for"]
+__all__ = ["BACKENDS", "BLOCK_RUNNERS", "EXECUTOR_BACKENDS", "PER_BLOCK", "Backend", "backend", "block_runners_for",
+           "engine_backends"]
 
 
 @dataclass(frozen=True)
@@ -29,9 +29,10 @@ class Backend:
     (placement); ``own_stream``: as a block runner it queues on a CUDA stream of its own (its calls are
     ordered by synchronising); ``needs_tuning``: untuned it is 50-150x slower than PyTorch, so it runs only
     where a tuning database exists; ``device_format``: as a block runner it runs in the engine device's
-    precision and memory layout (else in its own compiled format); ``engine_like``: the engine families
-    (pipeline, split, channels, placement) run a device's model this way, eager PyTorch captured as a CUDA
-    graph on a GPU, so its standalone figure on a device bounds what an engine gets from that device."""
+    precision and memory layout (else in its own compiled format); ``engine_on``: the device kinds on which
+    the engine families (pipeline, split, coedge, channels; placement with its torch block runner) run a
+    model the way this backend runs it whole: eager PyTorch on a CPU, captured as a CUDA graph on a GPU (their
+    default), so its standalone figure there is what they are measured against (``engine_backends``)."""
 
     name: str
     devices: frozenset[str] = frozenset()
@@ -42,15 +43,15 @@ class Backend:
     own_stream: bool = False
     needs_tuning: bool = False
     device_format: bool = False
-    engine_like: bool = False
+    engine_on: frozenset[str] = frozenset()
 
 
 _CPU, _GPU, _BOTH = frozenset({"cpu"}), frozenset({"gpu"}), frozenset({"cpu", "gpu"})
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
-    Backend("eager", _BOTH, engine_like=True),
+    Backend("eager", _BOTH, engine_on=_CPU),
     Backend("inductor", _BOTH, compiles=True, request_graph=True, gpu_first=0),
-    Backend("cudagraphs", _GPU, request_graph=True, gpu_first=1, engine_like=True),
+    Backend("cudagraphs", _GPU, request_graph=True, gpu_first=1, engine_on=_GPU),
     Backend("openvino", _CPU),
     Backend("onnxruntime", _CPU),
     Backend("onnxruntime_nnpack", _CPU),
@@ -58,7 +59,6 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("tvm", blocks=True, own_stream=True, needs_tuning=True),
 )}
 EXECUTOR_BACKENDS = tuple(name for name, b in BACKENDS.items() if b.devices)
-ENGINE_LIKE = tuple(name for name, b in BACKENDS.items() if b.engine_like)
 BLOCK_RUNNERS = tuple(name for name, b in BACKENDS.items() if b.blocks)
 PER_BLOCK = "per_block"  # a placement's choice: each (block, device) runs with the block runner measured faster
 
@@ -73,3 +73,8 @@ def backend(name: str) -> Backend:
 def block_runners_for(choice: str) -> tuple[str, ...]:
     """The block runners a placement's ``backend`` choice names: one, or every one for ``per_block``."""
     return BLOCK_RUNNERS if choice == PER_BLOCK else (backend(choice).name,)
+
+
+def engine_backends(kind: str) -> tuple[str, ...]:
+    """The executor backends whose figure on a device of ``kind`` is the engine families' own way of running it."""
+    return tuple(name for name, b in BACKENDS.items() if kind in b.engine_on)

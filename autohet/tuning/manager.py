@@ -22,7 +22,8 @@ from typing import Any
 from autohet.core.models import ModelSpec
 from autohet.core.settings import AHEAD_GIVE_UP_S, RELEASE_IDLE_BELOW
 from autohet.core.workload import Workload, WorkloadSpec
-from autohet.executors.backends import ENGINE_LIKE
+from autohet.executors import ExecutorSpec
+from autohet.executors.backends import engine_backends
 from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity, load_pool
 from autohet.pool.spec import POOL_DIMS
 from autohet.tuning.ahead import AheadRunner, CompileAhead, RayAhead, ahead_cores
@@ -291,15 +292,32 @@ class PoolManager:
 
     def device_figures(self, indices: list[int]) -> list[float | None]:
         """For executors of the live topology, the best standalone figure known for each one's device run as
-        the engine families run it (``ENGINE_LIKE``: eager PyTorch, a CUDA graph of it on a GPU), any
-        precision, layout or batch; where none was measured, its best at any backend (on CPU groups ONNX
-        Runtime or OpenVINO, faster than eager PyTorch there); None where the device was never measured.
-        Inductor's figure is no bound of an engine's: on two H200s resnet18's 78k img/s a GPU (48k as a CUDA
-        graph) let every engine trial run until the trial timeout cut it (BENCHMARKS.md 44)."""
+        the engine families run it (``engine_backends``: eager PyTorch on a CPU group, a CUDA graph on a GPU),
+        any precision, layout or batch. A GPU not measured so takes another whole GPU's of this host that was:
+        the tune measures each GPU backend on one of them and takes it for all (``tuning/initial.py``). Where
+        neither is known, the device's best at any backend (inductor's on a GPU, ONNX Runtime's or OpenVINO's on
+        a CPU group: a looser bound); None where it was never measured. Inductor's figure is no engine's: on two
+        H200s resnet18's 78k img/s a GPU (48k as a CUDA graph) let every engine trial run until the trial
+        timeout cut it (BENCHMARKS.md 43, 44)."""
         assert self.pool is not None, "acquire() first"
         execs = self.pool.spec.executors
         known = self.standalone_cache.known_any
-        return [known(execs[i], ENGINE_LIKE) or known(execs[i]) if 0 <= i < len(execs) else None for i in indices]
+
+        def as_engine(e: ExecutorSpec) -> float | None:
+            return known(e, engine_backends(e.kind))
+
+        def like(e: ExecutorSpec) -> float | None:
+            if not e.is_gpu:
+                return None
+            alike = [as_engine(o) for o in execs if o.is_gpu and (o.node, o.sms) == (e.node, e.sms)]
+            return max((f for f in alike if f is not None), default=None)
+
+        figures = []
+        for i in indices:
+            e = execs[i] if 0 <= i < len(execs) else None
+            figure = None if e is None else as_engine(e) or like(e) or known(e)
+            figures.append(figure)
+        return figures
 
     def stats(self) -> dict[str, Any]:
         """What the manager did: counts and seconds, and each compile ahead a trial waited for (``ahead_jobs``)."""

@@ -161,7 +161,8 @@ def engine_devices(params: dict[str, Any], spec: PoolSpec) -> list[int]:
 def refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,
                             setup: TrialSetup) -> None:
     """A throughput trial of an engine family is refused before it runs when its devices, each at the
-    best figure measured for it at any setting, together fall short of the best valid trial by more
+    best figure measured for it as an engine runs it (``PoolManager.device_figures``), together fall short of
+    the best valid trial by more
     than ``ENGINE_HEADROOM``, and no engine trial on them reached near it either: such trials otherwise
     run until they are cut, spending much of a tune's budget (docs/why.md, tuning/trial_setup.py)."""
     import ray
@@ -192,4 +193,5 @@ def engine_shortfall(strategy: str, best: float | None, figures: list[float | No
         return None
     return (f"{strategy} cannot beat the best trial's {best:.4g} img/s: its devices ({', '.join(names)}) run the "
             f"whole model at {total:.4g} img/s together, each at its best figure as an engine runs it (eager "
-            f"PyTorch or a CUDA graph of it; at any backend where none is known), under 1/{headroom:g} of it")
+            f"PyTorch on a CPU, a CUDA graph on a GPU; at any backend where none is known), under 1/{headroom:g} of "
+            "it")
