@@ -161,10 +161,10 @@ def engine_devices(params: dict[str, Any], spec: PoolSpec) -> list[int]:
 def refuse_hopeless_engine(strategy: str, params: dict[str, Any], spec: PoolSpec, manager: Any,
                             setup: TrialSetup) -> None:
     """A throughput trial of an engine family is refused before it runs when its devices, each at the
-    best figure measured for it as an engine runs it (``PoolManager.device_figures``), together fall short of
-    the best valid trial by more
-    than ``ENGINE_HEADROOM``, and no engine trial on them reached near it either: such trials otherwise
-    run until they are cut, spending much of a tune's budget (docs/why.md, tuning/trial_setup.py)."""
+    best figure measured for it as an engine runs it (``PoolManager.device_figures``), together fall short
+    of the best valid trial by more than ``ENGINE_HEADROOM``, and no engine trial on them reached near it
+    either: such trials otherwise run until they are cut, spending much of a tune's budget (docs/why.md,
+    tuning/trial_setup.py)."""
     import ray
 
     if not get_strategy(strategy).on_engine or setup.objectives.mode.per_request:
