@@ -3,7 +3,8 @@ scaled per channel (``x * a + b``) into the model's fp16 channels_last input, on
 
 Over two H200s the uint8 pixels stream ran at 0.93x its run where page-locked float32, converted on the GPU
 the same way but without the scale, ran at 0.98x; the pixel lanes spent about 1.5% more device time an
-image (BENCHMARKS.md 44).
+image (BENCHMARKS.md 44). The executor then scaled with ``addcmul``; it now runs ``scale_pixels``'s
+Triton kernel (``addcmul`` stays its fallback where Triton is missing).
 This times each way of writing the scale with CUDA events, its outputs against the float32 reference:
 
     python -m bench.pixel_scale --batch 256
@@ -15,11 +16,16 @@ import argparse
 
 import torch
 
+from autohet.executors.pixel_kernel import scale_pixels
+
 
 def variants(a32: torch.Tensor, b32: torch.Tensor) -> dict:
     a16, b16 = a32.half(), b32.half()
 
-    def addcmul_fp32_factors(u8: torch.Tensor, out: torch.Tensor) -> None:  # the executor's way
+    def triton_planes(u8: torch.Tensor, out: torch.Tensor) -> None:  # the executor's way
+        scale_pixels(u8, a32, b32, out)
+
+    def addcmul_fp32_factors(u8: torch.Tensor, out: torch.Tensor) -> None:  # the executor's fallback
         torch.addcmul(b32, u8, a32, out=out)
 
     def addcmul_fp16_factors(u8: torch.Tensor, out: torch.Tensor) -> None:
@@ -50,7 +56,18 @@ def variants(a32: torch.Tensor, b32: torch.Tensor) -> dict:
     def float32_copy(f32: torch.Tensor, out: torch.Tensor) -> None:  # page-locked float32's conversion
         out.copy_(f32)
 
-    return {"addcmul, fp32 factors (the executor's)": addcmul_fp32_factors,
+    compiled: dict = {}
+
+    def inductor(u8: torch.Tensor, out: torch.Tensor) -> None:
+        """torch.compile's own fusion of the scale, cast and layout (its output copied into ``out``)."""
+        if "fn" not in compiled:
+            compiled["fn"] = torch.compile(
+                lambda p: (p * a32 + b32).to(out.dtype).contiguous(memory_format=torch.channels_last))
+        out.copy_(compiled["fn"](u8))
+
+    return {"Triton planes, scale_pixels (the executor's)": triton_planes,
+            "inductor's fused kernel, copied out": inductor,
+            "addcmul, fp32 factors (the fallback)": addcmul_fp32_factors,
             "addcmul, fp16 factors": addcmul_fp16_factors,
             "scale in NCHW, then the layout": scale_nchw_then_layout, "layout, then scale in place": layout_then_scale,
             "layout, then scale on 64-pixel rows": layout_then_tiled_scale, "uint8 copy, no scale": uint8_copy,

@@ -31,6 +31,7 @@ from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import GraphedCall, check_backend, compile_module, graph_call
 from autohet.executors.cpu import pin_thread
 from autohet.executors.gpu_staging import PinnedStaging, _InPlaceParts
+from autohet.executors.pixel_kernel import scale_pixels
 from autohet.platform.cores import note_feeder_cores
 
 __all__ = ["DTYPES", "GpuExecutor", "local_gpu_index", "padded_batch", "use_tf32"]
@@ -257,8 +258,8 @@ class GpuExecutor(PinnedStaging, Executor):
                     self.compute_stream.wait_event(self.copied[slot])
                     if converts:  # one kernel: the landed dtype in, the compute dtype out, in the model's layout
                         x = self._converting_buffers(bank.dtype)[1][slot][:padded]
-                        if bank.dtype == torch.uint8:  # pixels: one fused multiply-add by the scale
-                            torch.addcmul(self._shift, landing[:n], self._factor, out=x[:n])
+                        if bank.dtype == torch.uint8:  # pixels: scaled per channel in one pass
+                            scale_pixels(landing[:n], self._factor, self._shift, x[:n])
                         else:
                             x[:n].copy_(landing[:n])
                     else:
