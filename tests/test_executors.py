@@ -572,3 +572,25 @@ def test_a_gpu_setting_set_up_aside_fills_the_cache_its_executor_then_reads(lene
     plain.load(lenet_workload)  # called as it is (no graph of ours), on a view of a device buffer: once too
     plain.run(0, 64)
     assert counters["inductor"]["fxgraph_cache_hit"] + counters["inductor"]["fxgraph_cache_miss"] == 1
+
+
+def test_an_actors_configure_collects_only_where_it_set_something_up(lenet_workload, monkeypatch):
+    """A tune configures every live executor before each trial, most with the params they hold; the full
+    collection after a set-up walks every object of a process holding a compiled model (0.3-0.5 s), so an
+    unchanged configure skips it, and a change or a rebuild after a release runs it."""
+    import autohet.pool.actors as actors
+
+    settled = []
+    monkeypatch.setattr(actors, "settle", lambda: settled.append(1))
+    actor = actors.ExecutorActor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
+    actor.load(lenet_workload)
+    assert len(settled) == 1  # the load's
+    actor.configure({"batch": 16})
+    assert len(settled) == 1
+    actor.configure({"batch": 32})
+    assert len(settled) == 2
+    assert actor.executor.spec.batch == 32
+    actor.release()  # its programs dropped (settled too)
+    assert len(settled) == 3 and actor.executor.program is None
+    actor.configure({"batch": 32})  # unchanged params, but the program is built again
+    assert len(settled) == 4 and actor.executor.program is not None

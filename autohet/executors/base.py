@@ -268,15 +268,18 @@ class Executor(ABC):
             self.warm_units.add(self.standalone_unit())
         return self.run(start, size)
 
-    def configure(self, params: dict[str, Any]) -> None:
-        """Applies executor params for the next runs; rebuilds only what the change needs."""
+    def configure(self, params: dict[str, Any]) -> bool:
+        """Applies executor params for the next runs; rebuilds only what the change needs. Returns whether
+        anything changed (unchanged params set nothing up)."""
         new = self.spec.with_params(params)
         self.compile_s = 0.0  # seconds compiling for this configuration (a kept variant: none)
-        if new != self.spec:
-            self.spec = new
-            self.warm_units = set()
-            if self.workload is not None:
-                self.reconfigure()
+        if new == self.spec:
+            return False
+        self.spec = new
+        self.warm_units = set()
+        if self.workload is not None:
+            self.reconfigure()
+        return True
 
     def release(self) -> None:
         """Drops what a later ``configure`` can build again (an idle executor short of memory); the

@@ -222,10 +222,13 @@ class CpuExecutor(Executor):
         self.program = None
         gc.collect()
 
-    def configure(self, params: dict[str, Any]) -> None:
-        super().configure(params)
+    def configure(self, params: dict[str, Any]) -> bool:
+        changed = super().configure(params)
         if self.workload is not None and getattr(self, "program", None) is None:
-            self._activate()  # a build failed after the kept variants were dropped: built now, or fails again
+            # released, or a build failed after the kept variants were dropped: built now, or fails again
+            self._activate()
+            return True
+        return changed
 
     def set_workload(self, workload: Workload) -> None:
         self._drop_ahead()  # parts announced on the old images
