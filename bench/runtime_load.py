@@ -5,8 +5,9 @@
   over ``--images`` synthetic images), then the same config through ``autohet.load``, those images
   streamed in batches of ``--batch`` (default: the executors' largest batch) through
   ``runner.map``, as float32 inputs and as uint8 pixels (scaled where the config's devices take
-  them: on a GPU); img/s of each and their ratios to the run and to the tune's own figure (the
-  config's ``measured.throughput_ips``);
+  them: on a GPU), and on a GPU both again from page-locked memory (read where they lie); img/s of
+  each and their ratios to the run and to the tune's own figure (the config's
+  ``measured.throughput_ips``);
 - files (``--jpegs N``): N synthetic JPEGs (``--jpeg-size``) through ``run --input`` (``run_batch``,
   decoding on the cores the config leaves free) to an .npy: img/s with decoding, next to the
   stream's inference alone, and which cores decoded.
@@ -73,9 +74,11 @@ def streamed(path: str, images: int, batch: int | None, window: int | None = Non
                "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
                "served": runner.describe()["served"], "executors": executors,
                "pixels_executors": _executor_shares(runner)}
-        if _has_cuda():  # float32 from page-locked memory: a GPU reads it where it lies
+        if _has_cuda():  # float32 and pixels from page-locked memory: a GPU reads them where they lie
             how["pinned_ips"] = stream_ips(runner, images, size, stacks=stacks, pinned=True)[0]
             how["pinned_executors"] = _executor_shares(runner)
+            how["pinned_pixels_ips"] = stream_ips(runner, images, size, pixels=True, stacks=stacks, pinned=True)[0]
+            how["pinned_pixels_executors"] = _executor_shares(runner)
         return steady, how
 
 
@@ -137,7 +140,7 @@ def stream_ips(runner: Any, images: int, size: int, pixels: bool = False, stacks
     a gigabyte are allocated, torch's pinned-memory cache fills; on the H200 box a probe's first
     20000-image stream ran 15715 img/s and its second 41770). Returns (steady, first stream's) img/s."""
     batches = synthetic_batches(runner, images, size, pixels, pinned)
-    kind = "pixels" if pixels else "float32, page-locked," if pinned else "float32"
+    kind = f"{'pixels' if pixels else 'float32'}{', page-locked,' if pinned else ''}"
 
     from contextlib import nullcontext
 
@@ -226,9 +229,11 @@ def main() -> None:
                             f"{f['stage_s']:.3f} s, starting {f['launch_s']:.3f} s, device {f['device_s']:.3f} s, "
                             f"started {f['first_start_s'] or 0:.3f} s, last done {f['last_end_s'] or 0:.3f} s"
                             for kind, key in (("float32", "executors"), ("pixels", "pixels_executors"),
-                                              ("page-locked", "pinned_executors"))
+                                              ("page-locked", "pinned_executors"),
+                                              ("page-locked pixels", "pinned_pixels_executors"))
                             for name, f in how.get(key, {}).items())  # where a slow round's loss sits
-            pinned = f", float32 page-locked {how['pinned_ips']:.0f} ({how['pinned_ips'] / run_ips:.3f}x)" \
+            pinned = f", float32 page-locked {how['pinned_ips']:.0f} ({how['pinned_ips'] / run_ips:.3f}x), pixels " \
+                f"page-locked {how['pinned_pixels_ips']:.0f} ({how['pinned_pixels_ips'] / run_ips:.3f}x)" \
                 if "pinned_ips" in how else ""
             print(f"round {k + 1}: run {run_ips:.0f} img/s, float32 stream {load_ips:.0f} ({load_ips / run_ips:.3f}x)"
                   f"{pinned}, pixels {how['pixels_ips']:.0f} ({how['pixels_ips'] / run_ips:.3f}x){lanes}", flush=True)
@@ -241,12 +246,15 @@ def main() -> None:
                                **{k: v for k, v in how.items() if k != "served"}}
         if "pinned_ips" in how:
             row["pinned_over_run"] = how["pinned_ips"] / run_ips
+            row["pinned_pixels_over_run"] = how["pinned_pixels_ips"] / run_ips
         if len(rounds) > 1:
             row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r,
                               "pinned_over_run": h.get("pinned_ips", float("nan")) / r,
+                              "pinned_pixels_over_run": h.get("pinned_pixels_ips", float("nan")) / r,
                               "executors": h["executors"]} for r, s, h in rounds]
-            print("rounds (stream/run, pixels/run, page-locked float32/run): " + ", ".join(
-                f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}/{x['pinned_over_run']:.3f}"
+            print("rounds (stream/run, pixels/run, page-locked float32/run, page-locked pixels/run): " + ", ".join(
+                f"{x['load_over_run']:.3f}/{x['pixels_over_run']:.3f}/{x['pinned_over_run']:.3f}/"
+                f"{x['pinned_pixels_over_run']:.3f}"
                 for x in row["rounds"]), flush=True)
         for name, figures in how["executors"].items():
             print(f"stream: {name} ran {figures['images']} images in {figures['pieces']} pieces, busy "
@@ -263,7 +271,7 @@ def main() -> None:
             row["files_over_load"] = row["files_ips"] / load_ips
     columns = ("model", "strategy", "images", "window_given", "batch", "run_ips", "tune_ips", "load_ips",
                "stream_cold_ips", "load_over_run", "load_over_tune", "pixels_ips", "pixels_on_device",
-               "pixels_over_run", "pinned_ips", "pinned_over_run",
+               "pixels_over_run", "pinned_ips", "pinned_over_run", "pinned_pixels_ips", "pinned_pixels_over_run",
                "pixels_over_tune", "files", "files_ips", "files_over_load", "decode_cores")
     emit("runtime_load", [row], [c for c in columns if c in row], args.out)
 
