@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -828,3 +829,58 @@ def test_an_aside_compile_that_failed_leaves_its_executor_and_a_failed_job_ends_
     assert [(a, p["batch"]) for a, p, _ in ahead.started[2:]] == [(fresh[1], 128), (fresh[1], 256), (fresh[1], 512)]
     manager.acquire({"max_cpu_groups": 0}, {"gpu": _INDUCTOR})  # waits for the fresh gpu1's jobs: all went well
     assert ahead.waited == [0, 2, 3, 4] and killed == [actors[1]]
+
+
+def test_a_topology_that_only_regroups_a_negligible_cpu_is_refused_before_it_starts(
+        nine_core_gpu_machine: PoolSpec) -> None:
+    """``cpu_regroup`` and ``regroup_shortfall``: a trial whose topology starts CPU groups alone, where all the
+    CPU's cores at the best per-core figure add under ``NEGLIGIBLE_SHARE`` of the best trial and its GPUs
+    already reach the best, is refused before they start; an early best its GPUs can beat, a CPU that
+    matters, or a live topology is not (two H200s: fifteen 2-core groups acquired for 32 s, BENCHMARKS.md 45)."""
+    from autohet.tuning.trial_setup import regroup_shortfall
+
+    manager = _manager(nine_core_gpu_machine)
+    assert manager.cpu_regroup({"cpu_group_size": 4}) is None  # nothing live, nothing measured yet
+    manager.calibrate(0.1)  # the GPU at 256000 img/s, each one-core group at 10
+    regrouped = manager.cpu_regroup({"cpu_group_size": 4})
+    assert regrouped == (2, 80.0, 256000.0)  # exact: two new 4-core groups; 8 cores x 10; the test's own figures
+    assert manager.cpu_regroup({}) is None  # the live topology
+    why = regroup_shortfall(256000.0, *regrouped, {"cpu_group_size": 4})
+    assert why is not None and "cpu_group_size=4" in why and "2 CPU group(s)" in why
+    assert regroup_shortfall(120000.0, *regrouped, {"cpu_group_size": 4}) is None  # its GPU can beat this best
+    assert regroup_shortfall(3000.0, 2, 80.0, 0.0, {"cpu_group_size": 4}) is None  # a CPU that matters
+    assert regroup_shortfall(None, *regrouped, {"cpu_group_size": 4}) is None  # no best yet
+    manager.acquire({"cpu_group_size": 4}, {})
+    assert manager.cpu_regroup({"cpu_group_size": 4}) is None  # live now
+
+
+def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_trial asks ``cpu_regroup`` before ``acquire``: a refused data-parallel trial starts nothing; a
+    ``single`` on the same topology is acquired (the CPU singles find the groups' figures), as is a per-request
+    trial."""
+    import ray
+
+    from autohet.tuning import trainable
+
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    acquired: list[dict] = []
+
+    class Manager:  # two new 2-core groups of a CPU at 10 img/s a core, beside a GPU that ran the best
+        cpu_regroup = _Remote(lambda pool_params: (2, 40.0, 256000.0))
+        best_speed = _Remote(lambda: 256000.0)
+
+        def _acquire(pool_params, exec_params, only):  # noqa: N805 (called through _Remote)
+            acquired.append(pool_params)
+            raise trainable.UserError("stop here: acquired")
+
+        acquire = _Remote(_acquire)
+
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: Manager)
+    setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
+                                 "throughput", "m", 16, 0.5, 10)
+    fifo = trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, setup)
+    assert fifo["status"] == "refused" and "2 CPU group(s)" in fifo["error"] and acquired == []
+    single = trainable.run_trial({"strategy": "single", "single.executor": 1, "pool.cpu_group_size": 2}, setup)
+    assert single["error"] == "stop here: acquired" and acquired == [{"cpu_group_size": 2}]
+    latency = dataclasses.replace(setup, objective="latency")
+    assert trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, latency)["error"].startswith("stop")

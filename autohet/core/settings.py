@@ -43,7 +43,9 @@ CLOSE_TO_BEST = 0.85
 
 NEGLIGIBLE_SHARE = 0.02
 """Beside several GPUs, a CPU group whose first single came under this share of the best GPU single's figure
-runs no other variant: it adds under 1% to two GPUs, within their trials' spread (BENCHMARKS.md 39, 42)."""
+runs no other variant: it adds under 1% to two GPUs, within their trials' spread (BENCHMARKS.md 39, 42). A trial
+whose topology only starts new CPU groups is refused where they could add under this share of the best trial
+and the GPUs already reach it (``refuse_negligible_regroup``, BENCHMARKS.md 45)."""
 
 PROBES_MOST = 2
 """At most this many split probes (each over new groups builds anew)."""

@@ -100,3 +100,9 @@ class StandaloneCache:
         cls = executor_class(spec)
         found = [v for (c, _), v in self.values.items() if c == cls and v > 0]
         return max(found) if found else None
+
+    def best_per_core(self) -> float | None:
+        """The best figure a core reached in any CPU group measured (the group's figure over its cores), or
+        None where no CPU group was measured."""
+        rates = [v / len(c.cores) for (c, _), v in self.values.items() if c.is_cpu and c.cores and v > 0]
+        return max(rates) if rates else None

@@ -319,6 +319,31 @@ class PoolManager:
             figures.append(figure)
         return figures
 
+    def cpu_regroup(self, pool_params: dict[str, Any]) -> tuple[int, float, float] | None:
+        """For a trial on a topology that would start new executors, all of them CPU groups (its GPUs' actors
+        live): how many it would start; what every CPU core of that topology could run together at the best
+        figure a core reached in a CPU group measured so far (``best_per_core``: an estimate, as a group smaller
+        than any measured may run its cores somewhat faster); and its GPUs' figures together, each GPU at the
+        best known for any whole GPU of the host (the tune measures each backend on one of them). None where the
+        topology is live, a new executor is no CPU group, or no CPU group or no GPU like one of them was
+        measured."""
+        if self.pool is None:
+            return None
+        spec = regroup(self.base, pool_params)
+        if tuple(identity(e) for e in spec.executors) == self.key:
+            return None
+        new = [e for e in spec.executors if identity(e) not in self.live]
+        per_core = self.standalone_cache.best_per_core()
+        if not new or not all(e.is_cpu for e in new) or per_core is None:
+            return None
+        known = self.standalone_cache.known_any
+        gpus = [e for e in spec.executors if e.uses_gpu]  # simulated ones too (tests, planning)
+        figures = [max((known(o) or 0.0 for o in gpus if (o.node, o.sms) == (e.node, e.sms)), default=0.0)
+                   for e in gpus]
+        if not all(figures):
+            return None
+        return len(new), per_core * sum(len(e.cores) for e in spec.executors if e.is_cpu), float(sum(figures))
+
     def stats(self) -> dict[str, Any]:
         """What the manager did: counts and seconds, and each compile ahead a trial waited for (``ahead_jobs``)."""
         return {"ahead_jobs": list(self.ahead.ended),

@@ -14,13 +14,14 @@ import numpy as np
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec
 from autohet.core.objectives import ObjectiveSet, TrialKey
-from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_FLOOR_S, ENGINE_HEADROOM
+from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_FLOOR_S, ENGINE_HEADROOM, NEGLIGIBLE_SHARE
 from autohet.core.workload import Workload
 from autohet.pool import PoolSpec
 from autohet.strategies import default_devices, get_strategy, is_baseline
 
 __all__ = ["TrialSetup", "TrialSizing", "cut_deadline", "engine_devices", "engine_shortfall",
-           "refuse_hopeless_engine", "refuse_hopeless_single", "single_speed", "trial_images"]
+           "refuse_hopeless_engine", "refuse_hopeless_single", "refuse_negligible_regroup", "regroup_shortfall",
+           "single_speed", "trial_images"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,38 @@ def refuse_hopeless_single(strategy: str, params: dict[str, Any], manager: Any, 
     if speed and images / speed > deadline_s:
         raise UserError(f"single on executor {index} would take ~{images / speed:.0f} s at its "
                         f"measured {speed:.4g} img/s, more than the trial deadline of {deadline_s:.0f} s")
+
+
+def refuse_negligible_regroup(strategy: str, pool_params: dict[str, Any], manager: Any, setup: TrialSetup) -> None:
+    """A throughput trial that spreads work over a topology whose new executors are CPU groups alone is refused
+    before they start where neither side can move the best trial by ``NEGLIGIBLE_SHARE``: all its CPU cores, at
+    the best figure a core reached so far, would run under that share of the best, and its GPUs' best figures
+    together come within it (the best already holds the GPUs). Starting fifteen 2-core groups cost one two-GPU
+    resnet18 tune 32 s of acquiring, for a CPU whose 30 cores ran 378 img/s beside a best of 157392
+    (BENCHMARKS.md 45). A ``single`` is left to run: the tune's CPU singles find the groups' figures."""
+    import ray
+
+    if is_baseline(strategy) or setup.objectives.mode.per_request:
+        return
+    regrouped = ray.get(manager.cpu_regroup.remote(pool_params))
+    if regrouped is None:
+        return
+    why = regroup_shortfall(ray.get(manager.best_speed.remote()), *regrouped, pool_params)
+    if why:
+        raise UserError(why)
+
+
+def regroup_shortfall(best: float | None, new_groups: int, cpu_bound: float, gpus: float,
+                      pool_params: dict[str, Any], share: float = NEGLIGIBLE_SHARE) -> str | None:
+    """Why a trial's new CPU groups cannot matter (``refuse_negligible_regroup``), or None where they might:
+    ``cpu_bound`` the topology's CPU cores at the best per-core figure, ``gpus`` its GPUs' figures together."""
+    if not best or cpu_bound >= share * best or gpus > (1 + share) * best:
+        return None
+    dims = ", ".join(f"{k}={v}" for k, v in sorted(pool_params.items()) if v is not None)
+    return (f"the topology {dims} starts {new_groups} CPU group(s) whose cores together could add at most "
+            f"~{cpu_bound:.4g} img/s (the best figure a core reached, times the cores), under {share:.0%} of the best "
+            f"trial's {best:.4g} img/s, which its GPUs ({gpus:.4g} img/s together) already reach: refused before "
+            "they start")
 
 
 def engine_devices(params: dict[str, Any], spec: PoolSpec) -> list[int]:
