@@ -38,8 +38,9 @@ def scale_pixels(pixels: torch.Tensor, factor: torch.Tensor, shift: torch.Tensor
     if n == 0:
         return
     blocks = -(-plane // _BLOCK)
-    kernel[(blocks * n,)](pixels, out, factor, shift, plane, blocks, out.stride(0), out.stride(3), out.stride(1),
-                          CHANNELS=channels, BLOCK=_BLOCK)
+    with torch.cuda.device(pixels.device):  # Triton launches on the current device's current stream
+        kernel[(blocks * n,)](pixels, out, factor, shift, plane, blocks, out.stride(0), out.stride(3), out.stride(1),
+                              CHANNELS=channels, BLOCK=_BLOCK)
 
 
 def _plane_indexable(pixels: torch.Tensor, out: torch.Tensor) -> bool:
