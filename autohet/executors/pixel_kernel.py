@@ -6,7 +6,9 @@ torch's own one-kernel form, ``addcmul(shift, pixels, factor, out=...)`` into a 
 buffer, took 191 us a batch of 256 224x224 images on an H200, where page-locked float32's conversion
 copy took 105 us: over two GPUs the pixel stream ran at 0.93x its run (BENCHMARKS.md 44). Its generic
 elementwise kernel walks the output's strides element by element; this Triton kernel indexes the
-planes directly. Where Triton is missing (a CPU-only torch) or the tensors are not on a CUDA device,
+planes directly: 77.5 us (BENCHMARKS.md 45). The stream stayed at 0.93-0.98x: its loss is the host's
+staging copy of pageable pixels, not this conversion (pixels already page-locked streamed at 1.01-1.03x).
+Where Triton is missing (a CPU-only torch) or the tensors are not on a CUDA device,
 ``scale_pixels`` falls back to that ``addcmul``: the same arithmetic, only slower.
 """
 
