@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -594,3 +595,24 @@ def test_an_actors_configure_collects_only_where_it_set_something_up(lenet_workl
     assert len(settled) == 3 and actor.executor.program is None
     actor.configure({"batch": 32})  # unchanged params, but the program is built again
     assert len(settled) == 4 and actor.executor.program is not None
+
+
+def test_an_executor_that_lets_a_setting_go_makes_the_next_settle_whole(lenet_workload):
+    """A settle walks the frozen heap again only after a ``let_go``: a changed setting or a release drops
+    a program an earlier settle may have frozen (with its memory), an unchanged configure drops nothing."""
+    from autohet.platform import gc_control
+
+    executor = make_executor(ExecutorSpec("c", "cpu", (0,), batch=16), ModelSpec("lenet"))
+    executor.load(lenet_workload)
+    try:
+        gc_control.settle()
+        assert not gc_control._Walks.let_go
+        executor.configure({"batch": 16})
+        assert not gc_control._Walks.let_go
+        executor.configure({"batch": 32})
+        assert gc_control._Walks.let_go
+        gc_control.settle()
+        executor.release()
+        assert gc_control._Walks.let_go
+    finally:
+        gc.unfreeze()

@@ -1,5 +1,6 @@
 """The collector kept out of timed work (autohet.platform.gc_control): settled objects are skipped by later
-collections, and nothing settled is kept once it becomes garbage."""
+collections, and nothing settled is kept once it becomes garbage: at the settle after a ``let_go``, or once the
+frozen heap grew by a quarter."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import gc
 import time
 import weakref
 
-from autohet.platform.gc_control import Collections, settle
+from autohet.platform import gc_control
+from autohet.platform.gc_control import Collections, let_go, settle
 
 
 class _Node:
@@ -38,15 +40,37 @@ def test_settle_collects_garbage_and_freezes_the_survivors():
     del alive
 
 
-def test_settled_objects_that_become_garbage_go_at_the_next_settle():
+def test_settled_objects_let_go_are_freed_at_the_next_settle():
     alive, kept = _cycle()
     settle()
     try:
         del alive
         gc.collect()
         assert kept() is not None  # frozen: a collection skips it
+        let_go()
         settle()
         assert kept() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_a_settle_with_nothing_let_go_walks_only_what_was_made_since():
+    let_go()
+    settle()  # whole: the frozen heap's size is noted
+    alive, kept = _cycle()
+    settle()  # the new cycle is frozen
+    try:
+        del alive
+        fresh = _cycle()[1]  # garbage made since
+        settle()
+        assert fresh() is None  # walked
+        assert kept() is not None  # frozen and nothing let go: not walked again
+        grown = [[] for _ in range(int(0.3 * gc.get_freeze_count()) + 1)]  # the frozen heap grows by a quarter
+        settle()  # frozen now, counted at the next
+        settle()
+        assert kept() is None
+        assert not gc_control._Walks.let_go
+        del grown
     finally:
         gc.unfreeze()
 

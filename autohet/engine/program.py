@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from autohet.engine.devices import HOST, Device, HostDevice, Value
+from autohet.platform.gc_control import let_go
 
 __all__ = ["Engine", "FrameStream", "Program", "Step", "StepTime", "move", "transfer_worker", "with_transfers"]
 
@@ -166,6 +167,7 @@ class Engine:
     def close(self) -> None:
         for device in self.compute_devices:
             device.close()
+        let_go()  # the devices' models, for the next settle to free
 
     def submit(self, program: Program, feeds: Mapping[str, Any],
                timings: list[StepTime] | None = None) -> Future:

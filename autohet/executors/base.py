@@ -14,6 +14,7 @@ from autohet.core.params import BoolParam, ChoiceParam, IntParam, Param, validat
 from autohet.core.workload import PixelScale, Workload
 from autohet.executors.backends import EXECUTOR_BACKENDS, backend
 from autohet.executors.kinds import ExecutorKind, executor_kind
+from autohet.platform.gc_control import let_go
 
 __all__ = ["BACKENDS", "EXECUTOR_PARAMS", "INDUCTOR_MODES", "PRECISIONS", "Executor", "ExecutorSpec", "UnitResult",
            "join_parts"]
@@ -279,6 +280,7 @@ class Executor(ABC):
         self.warm_units = set()
         if self.workload is not None:
             self.reconfigure()
+            let_go()  # what the old setting held (a compiled model), for the next settle to free
         return True
 
     def release(self) -> None:

@@ -26,6 +26,7 @@ from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import check_backend
 from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
 from autohet.platform.cores import note_process_cores
+from autohet.platform.gc_control import let_go
 
 __all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "own_threads",
            "pin_thread"]
@@ -220,6 +221,7 @@ class CpuExecutor(Executor):
         self._drop_ahead()
         self._programs.clear()
         self.program = None
+        let_go()  # a program frozen by an earlier settle goes at the next one
         gc.collect()
 
     def configure(self, params: dict[str, Any]) -> bool:

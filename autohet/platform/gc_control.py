@@ -9,6 +9,13 @@ run. ``settle()`` collects once, outside the timed work, then freezes what survi
 (``gc.freeze``): later collections walk only objects made since, well under a millisecond. Every
 timed window (a run, a stream of frames, a set of requests, a stage's bound) settles first, so
 both sides of a comparison run under the same collector.
+
+A settle walks the frozen objects again (to free cyclic garbage among them) only where something
+may have been let go since: a caller said so (``let_go``: an executor released, an engine or a
+runner closed), or the frozen heap grew by a quarter since the last such walk (the rule CPython's
+own collector uses for its oldest generation). Otherwise it walks only what was made since the
+last settle: a process holding a million objects (the test suite's) spent a second a settle, many
+settles a test, walking the same survivors again (docs/why.md).
 """
 
 from __future__ import annotations
@@ -18,22 +25,41 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["Collections", "settle"]
+__all__ = ["Collections", "let_go", "settle"]
 
 _LOCK = threading.Lock()
 _SETTLING = threading.Event()  # a settle's own collection is not one of the run's
+_GROWTH = 0.25  # the frozen heap's growth, since the last whole walk, that makes the next settle whole
+
+
+class _Walks:
+    """When the last whole walk was and whether anything was let go since."""
+
+    let_go = True  # nothing walked yet
+    frozen_after = 0  # objects frozen right after the last whole walk
+
+
+def let_go() -> None:
+    """Says objects this process held may be garbage now (a model, an engine, a compiled program let
+    go): the next ``settle`` unfreezes and walks everything, so cyclic garbage that an earlier settle
+    froze (and a frozen object is never collected) goes, with the device memory it holds."""
+    _Walks.let_go = True
 
 
 def settle() -> None:
-    """Unfreezes, collects everything, freezes the survivors. Unfreezing first means garbage that
-    was frozen by an earlier call (an engine closed since, a dropped model) is collected now: frozen
-    objects are never collected, so freezing without it would keep them for the process's life."""
+    """Collects, then freezes the survivors. Whole (unfreezing first, so garbage frozen by an earlier
+    settle is collected too) after a ``let_go`` or once the frozen heap grew by ``_GROWTH``; else
+    only the objects made since the last settle are walked."""
     with _LOCK:
         _SETTLING.set()
         try:
-            gc.unfreeze()
+            whole = _Walks.let_go or gc.get_freeze_count() > (1 + _GROWTH) * _Walks.frozen_after
+            if whole:
+                gc.unfreeze()
             gc.collect()
             gc.freeze()
+            if whole:
+                _Walks.let_go, _Walks.frozen_after = False, gc.get_freeze_count()
         finally:
             _SETTLING.clear()
 

@@ -13,6 +13,7 @@ import numpy as np
 from autohet.core.models import ModelSpec
 from autohet.core.workload import PixelScale, Workload
 from autohet.executors import Executor, make_executor
+from autohet.platform.gc_control import let_go
 from autohet.pool.base import Pool
 from autohet.pool.dispatch import Dispatcher, LocalDispatcher
 from autohet.pool.worker import Worker
@@ -185,5 +186,6 @@ class LocalPool(Pool):
             worker.close(wait_s=2.0)
         self.workers, self.executors = [], []
         self.started_for = None
+        let_go()  # the executors' models, for the next settle to free
 
 
