@@ -867,6 +867,7 @@ def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkey
 
     class Manager:  # two new 2-core groups of a CPU at 10 img/s a core, beside a GPU that ran the best
         cpu_regroup = _Remote(lambda pool_params: (2, 40.0, 256000.0))
+        partition_gain = _Remote(lambda pool_params: None)
         best_speed = _Remote(lambda: 256000.0)
 
         def _acquire(pool_params, exec_params, only):  # noqa: N805 (called through _Remote)
@@ -884,3 +885,68 @@ def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkey
     assert single["error"] == "stop here: acquired" and acquired == [{"cpu_group_size": 2}]
     latency = dataclasses.replace(setup, objective="latency")
     assert trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, latency)["error"].startswith("stop")
+
+
+def test_partitions_of_a_gpu_already_full_at_its_batches_are_refused_before_they_start(
+        nine_core_gpu_machine: PoolSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``batch_doubling_gain``, ``partition_gain`` and ``partition_shortfall``: a topology that would start GPU
+    partitions is refused where a whole GPU rose under ``SATURATED_GAIN`` from a batch to twice it; a GPU that
+    still gained, a pair not measured, or partitions already live are not (two H200s: one sampled partitioned
+    vgg16 trial cost 57 s of acquiring, BENCHMARKS.md 46)."""
+    from autohet.pool.standalone import executor_class
+    from autohet.tuning.trial_setup import partition_shortfall
+
+    monkeypatch.setattr(pool_spec_module, "_local_sm_shares", lambda parts: [64])
+    manager = _manager(nine_core_gpu_machine, max_live_actors=64)
+    assert manager.partition_gain({"gpu_partitions": 2}) is None  # nothing live
+    manager.calibrate(0.1)
+    assert manager.partition_gain({"gpu_partitions": 2}) is None  # one batch measured: no pair
+    manager.acquire({}, {"gpu": {"batch": 512}})
+    manager.standalone(0.1, None)  # the fake GPU runs 1000 img/s per image of its batch: twice the batch, 2x
+    assert manager.partition_gain({"gpu_partitions": 2}) == 1.0  # exact: 512000 / 256000 - 1
+    assert manager.partition_gain({"cpu_group_size": 4}) is None  # no partition in that topology
+    whole = nine_core_gpu_machine.executors[0]
+    cache = manager.standalone_cache.values
+    cache[(executor_class(whole), None)] = 14000.0  # vgg16's walk on an H200: b256 14000, b512 13800, b128 13840
+    cache[(executor_class(whole.with_params({"batch": 512})), None)] = 13800.0
+    cache[(executor_class(whole.with_params({"batch": 128})), None)] = 13840.0
+    gain = manager.partition_gain({"gpu_partitions": 2})
+    assert gain == pytest.approx(14000.0 / 13840.0 - 1)
+    why = partition_shortfall(gain, {"gpu_partitions": 2})
+    assert why is not None and "gpu_partitions=2" in why and "+1.2%" in why
+    assert partition_shortfall(0.05, {"gpu_partitions": 2}) is None  # a GPU that still gains: partitions may add
+    assert partition_shortfall(None, {"gpu_partitions": 2}) is None
+    manager.acquire({"gpu_partitions": 2}, {})
+    assert manager.partition_gain({"gpu_partitions": 2}) is None  # live now: starting costs nothing
+
+
+def test_a_trial_on_partitions_of_a_full_gpu_is_refused_without_acquiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_trial asks ``partition_gain`` before ``acquire``: a throughput trial on partitions of a full GPU
+    starts nothing; a per-request trial is acquired."""
+    import ray
+
+    from autohet.tuning import trainable
+
+    monkeypatch.setattr(ray, "get", lambda value: value)
+    acquired: list[dict] = []
+
+    class Manager:
+        cpu_regroup = _Remote(lambda pool_params: None)
+        partition_gain = _Remote(lambda pool_params: 0.011 if pool_params.get("gpu_partitions", 1) > 1 else None)
+        best_speed = _Remote(lambda: 28000.0)
+
+        def _acquire(pool_params, exec_params, only):  # noqa: N805 (called through _Remote)
+            acquired.append(pool_params)
+            raise trainable.UserError("stop here: acquired")
+
+        acquire = _Remote(_acquire)
+
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: Manager)
+    setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
+                                 "throughput", "m", 16, 0.5, 10)
+    fifo = trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 2}, setup)
+    assert fifo["status"] == "refused" and "GPU partitions" in fifo["error"] and acquired == []
+    whole = trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 1}, setup)
+    assert whole["error"] == "stop here: acquired" and acquired == [{"gpu_partitions": 1}]
+    latency = dataclasses.replace(setup, objective="latency")
+    assert trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 2}, latency)["error"].startswith("stop")

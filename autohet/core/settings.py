@@ -16,8 +16,8 @@ __all__ = [
     "GPU_BOX_GROUP", "HEAD_LIMIT", "HEAD_TIMEOUT_S", "KEEP_VARIANTS_MIN_AVAILABLE", "LINGER_S", "MANAGER_ANSWER_S",
     "MAX_DISTINCT_BYTES", "MAX_OUTPUT_BYTES", "MIN_ENERGY_SPAN_S", "NEGLIGIBLE_SHARE", "OBJECT_STORE_BYTES",
     "PIECES_AHEAD", "PIPELINE_DEPTH", "PROBE_GAP_BATCHES", "PROBES_MOST", "RAISE_MARGIN", "RELEASE_IDLE_BELOW",
-    "RETRIES", "RETRY_DELAY_S", "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD", "WINDOW_BYTES", "EnvVar",
-    "env",
+    "RETRIES", "RETRY_DELAY_S", "SATURATED_GAIN", "SPEED_PIECES", "STALE_WINDOWS", "TICK_S", "WINDOWS_AHEAD",
+    "WINDOW_BYTES", "EnvVar", "env",
 ]
 
 # --- measurement ------------------------------------------------------------------------------------------
@@ -46,6 +46,12 @@ NEGLIGIBLE_SHARE = 0.02
 runs no other variant: it adds under 1% to two GPUs, within their trials' spread (BENCHMARKS.md 39, 42). A trial
 whose topology only starts new CPU groups is refused where they could add under this share of the best trial
 and the GPUs already reach it (``refuse_negligible_regroup``, BENCHMARKS.md 45)."""
+
+SATURATED_GAIN = 0.03
+"""A whole GPU whose figure rose less than this from a batch to twice it (its other settings the same) was full
+at the smaller batch: a throughput trial that would start that GPU's partitions (SMs shared among executors) is
+refused (``refuse_saturated_partitions``): the two-GPU vgg16 tune's one sampled partitioned trial cost 57 s of
+acquiring (its start, then the whole GPUs' again) and ran at 0.96x the whole GPUs (BENCHMARKS.md 46)."""
 
 PROBES_MOST = 2
 """At most this many split probes (each over new groups builds anew)."""

@@ -344,6 +344,17 @@ class PoolManager:
             return None
         return len(new), per_core * sum(len(e.cores) for e in spec.executors if e.is_cpu), float(sum(figures))
 
+    def partition_gain(self, pool_params: dict[str, Any]) -> float | None:
+        """For a trial on a topology that would start GPU partitions (executors on a share of a GPU's SMs): the
+        most a whole GPU's figure rose from doubling its batch (``StandaloneCache.batch_doubling_gain``). None
+        where the topology starts no partition, or no such pair was measured."""
+        if self.pool is None:
+            return None
+        spec = regroup(self.base, pool_params)
+        if not any(e.uses_gpu and e.sms is not None and identity(e) not in self.live for e in spec.executors):
+            return None
+        return self.standalone_cache.batch_doubling_gain()
+
     def stats(self) -> dict[str, Any]:
         """What the manager did: counts and seconds, and each compile ahead a trial waited for (``ahead_jobs``)."""
         return {"ahead_jobs": list(self.ahead.ended),

@@ -35,6 +35,7 @@ from autohet.tuning.trial_setup import cut_deadline as _cut_deadline
 from autohet.tuning.trial_setup import refuse_hopeless_engine as _refuse_hopeless_engine
 from autohet.tuning.trial_setup import refuse_hopeless_single as _refuse_hopeless_single
 from autohet.tuning.trial_setup import refuse_negligible_regroup as _refuse_negligible_regroup
+from autohet.tuning.trial_setup import refuse_saturated_partitions as _refuse_saturated_partitions
 from autohet.tuning.trial_setup import single_speed as _single_speed
 
 __all__ = ["CPU_ENGINE_HEADROOM", "CUT_DRAIN_S", "CUT_FLOOR_S", "ENGINE_HEADROOM", "MAX_OUTPUT_BYTES", "TrialSetup",
@@ -129,6 +130,7 @@ def run_trial(config: dict[str, Any], setup: TrialSetup) -> dict[str, Any]:
     try:
         only = get_strategy(strategy).executors_used(params)  # a single's executor: set up alone
         _refuse_negligible_regroup(strategy, pool_params, manager, setup)
+        _refuse_saturated_partitions(pool_params, manager, setup)
         spec, actors, compile_s = ray.get(manager.acquire.remote(pool_params, exec_params, only))
     except UserError as exc:
         return finish(_ended("refused", strategy, params, str(exc)))

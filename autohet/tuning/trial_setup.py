@@ -14,13 +14,20 @@ import numpy as np
 from autohet.core.errors import UserError
 from autohet.core.models import ModelSpec
 from autohet.core.objectives import ObjectiveSet, TrialKey
-from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_FLOOR_S, ENGINE_HEADROOM, NEGLIGIBLE_SHARE
+from autohet.core.settings import (
+    CPU_ENGINE_HEADROOM,
+    CUT_FLOOR_S,
+    ENGINE_HEADROOM,
+    NEGLIGIBLE_SHARE,
+    SATURATED_GAIN,
+)
 from autohet.core.workload import Workload
 from autohet.pool import PoolSpec
 from autohet.strategies import default_devices, get_strategy, is_baseline
 
 __all__ = ["TrialSetup", "TrialSizing", "cut_deadline", "engine_devices", "engine_shortfall",
-           "refuse_hopeless_engine", "refuse_hopeless_single", "refuse_negligible_regroup", "regroup_shortfall",
+           "partition_shortfall", "refuse_hopeless_engine", "refuse_hopeless_single", "refuse_negligible_regroup",
+           "refuse_saturated_partitions", "regroup_shortfall",
            "single_speed", "trial_images"]
 
 
@@ -184,6 +191,33 @@ def regroup_shortfall(best: float | None, new_groups: int, cpu_bound: float, gpu
             f"~{cpu_bound:.4g} img/s (the best figure a core reached, times the cores), under {share:.0%} of the best "
             f"trial's {best:.4g} img/s, which its GPUs ({gpus:.4g} img/s together) already reach: refused before "
             "they start")
+
+
+def refuse_saturated_partitions(pool_params: dict[str, Any], manager: Any, setup: TrialSetup) -> None:
+    """A throughput trial whose topology would start GPU partitions is refused before they start where a whole
+    GPU was already full at the batches measured: its figure rose under ``SATURATED_GAIN`` from a batch to twice
+    it. Partitions share a GPU's SMs among executors; they can add only where one executor leaves SMs idle, which
+    a larger batch would have filled. Starting them also ends the whole GPUs' actors (a GPU's actor and its
+    partitions' cannot both live), which the next trial starts again: 57 s of acquiring in one two-GPU vgg16
+    tune (BENCHMARKS.md 46)."""
+    import ray
+
+    if setup.objectives.mode.per_request:
+        return
+    why = partition_shortfall(ray.get(manager.partition_gain.remote(pool_params)), pool_params)
+    if why:
+        raise UserError(why)
+
+
+def partition_shortfall(gain: float | None, pool_params: dict[str, Any], least: float = SATURATED_GAIN) -> str | None:
+    """Why a trial's GPU partitions cannot add (``refuse_saturated_partitions``), or None where they might:
+    ``gain`` the most a whole GPU rose from doubling its batch (None: not measured)."""
+    if gain is None or gain >= least:
+        return None
+    dims = ", ".join(f"{k}={v}" for k, v in sorted(pool_params.items()) if v is not None)
+    return (f"the topology {dims} starts GPU partitions, but a whole GPU rose at most {gain:+.1%} from doubling its "
+            f"batch (under {least:.0%}): full already, its SMs shared among partitions cannot run more; refused "
+            "before they start")
 
 
 def engine_devices(params: dict[str, Any], spec: PoolSpec) -> list[int]:
