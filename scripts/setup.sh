@@ -14,8 +14,16 @@ PY=${PYTHON:-python3}
 PIP="pip install -q --disable-pip-version-check --no-compile"
 $PIP "${TORCH_SPEC:-torch==2.13.0}"
 $PIP --no-deps "${TORCHVISION_SPEC:-torchvision==0.28.0}"
-$PIP pillow
-$PIP -e ".[dev]"
+# The rest through uv, which downloads in parallel: 12 s on the 2-core box with an empty cache, where pip took
+# about three minutes, for the same versions. torch stays pip's above (pip's configuration picks its wheel);
+# uv keeps it, as it satisfies every requirement. Where uv cannot be installed or fails, pip does it.
+if $PIP uv && python -m uv pip install -q --python "$PWD/.venv/bin/python" pillow -e ".[dev]"; then
+  :
+else
+  echo "setup: uv unavailable or failed; installing with pip" >&2
+  $PIP pillow
+  $PIP -e ".[dev]"
+fi
 # a file that does not compile (another Python's syntax in a package's test data) is left as pip leaves it
 python -m compileall -q -j 0 "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
   > /dev/null || true

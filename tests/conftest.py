@@ -16,7 +16,8 @@ def pytest_collection_modifyitems(config, items):
     runs in the Ray-free tier by omission); every ``ray`` test is also ``slow`` (a Ray start alone
     takes 8-20 s on the 2-core box: the quick tier, ``-m "not slow"``, stays under 3 minutes);
     ``gpu`` tests skip without a CUDA GPU. The tests that use the Ray fixture run last, in their
-    order: they share its one Ray (``ray_local``), and no other test runs while it is up."""
+    order: they share its one Ray (``ray_local``), and no other test of their process runs while it is up
+    (under ``-n 2`` each worker process has its own, beside the other worker's tests)."""
     import torch
 
     no_gpu = None if torch.cuda.is_available() else pytest.mark.skip(reason="needs a CUDA GPU (none visible)")
