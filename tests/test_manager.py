@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -854,10 +855,10 @@ def test_a_topology_that_only_regroups_a_negligible_cpu_is_refused_before_it_sta
     assert manager.cpu_regroup({"cpu_group_size": 4}) is None  # live now
 
 
-def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """run_trial asks ``cpu_regroup`` before ``acquire``: a refused data-parallel trial starts nothing; a
-    ``single`` on the same topology is acquired (the CPU singles find the groups' figures), as is a per-request
-    trial."""
+def _stopping_manager(monkeypatch: pytest.MonkeyPatch, cpu_regroup: Any, partition_gain: Any, best: float
+                      ) -> tuple[Any, list[dict]]:
+    """run_trial against a stand-in manager answering the refusals' questions, whose ``acquire`` records the
+    pool params it was asked for and stops the trial there: (a throughput trial's setup, those records)."""
     import ray
 
     from autohet.tuning import trainable
@@ -865,20 +866,27 @@ def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkey
     monkeypatch.setattr(ray, "get", lambda value: value)
     acquired: list[dict] = []
 
-    class Manager:  # two new 2-core groups of a CPU at 10 img/s a core, beside a GPU that ran the best
-        cpu_regroup = _Remote(lambda pool_params: (2, 40.0, 256000.0))
-        partition_gain = _Remote(lambda pool_params: None)
-        best_speed = _Remote(lambda: 256000.0)
+    def _acquire(pool_params: dict, exec_params: dict, only: Any) -> None:
+        acquired.append(pool_params)
+        raise trainable.UserError("stop here: acquired")
 
-        def _acquire(pool_params, exec_params, only):  # noqa: N805 (called through _Remote)
-            acquired.append(pool_params)
-            raise trainable.UserError("stop here: acquired")
-
-        acquire = _Remote(_acquire)
-
-    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: Manager)
+    manager = SimpleNamespace(cpu_regroup=_Remote(cpu_regroup), partition_gain=_Remote(partition_gain),
+                              best_speed=_Remote(lambda: best), acquire=_Remote(_acquire))
+    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: manager)
     setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
                                  "throughput", "m", 16, 0.5, 10)
+    return setup, acquired
+
+
+def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_trial asks ``cpu_regroup`` before ``acquire``: a refused data-parallel trial starts nothing; a
+    ``single`` on the same topology is acquired (the CPU singles find the groups' figures), as is a per-request
+    trial."""
+    from autohet.tuning import trainable
+
+    # two new 2-core groups of a CPU at 10 img/s a core, beside a GPU that ran the best
+    setup, acquired = _stopping_manager(monkeypatch, lambda pool_params: (2, 40.0, 256000.0),
+                                        lambda pool_params: None, 256000.0)
     fifo = trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, setup)
     assert fifo["status"] == "refused" and "2 CPU group(s)" in fifo["error"] and acquired == []
     single = trainable.run_trial({"strategy": "single", "single.executor": 1, "pool.cpu_group_size": 2}, setup)
@@ -893,7 +901,6 @@ def test_partitions_of_a_gpu_already_full_at_its_batches_are_refused_before_they
     partitions is refused where a whole GPU rose under ``SATURATED_GAIN`` from a batch to twice it; a GPU that
     still gained, a pair not measured, or partitions already live are not (two H200s: one sampled partitioned
     vgg16 trial cost 57 s of acquiring, BENCHMARKS.md 46)."""
-    from autohet.pool.standalone import executor_class
     from autohet.tuning.trial_setup import partition_shortfall
 
     monkeypatch.setattr(pool_spec_module, "_local_sm_shares", lambda parts: [64])
@@ -923,27 +930,11 @@ def test_partitions_of_a_gpu_already_full_at_its_batches_are_refused_before_they
 def test_a_trial_on_partitions_of_a_full_gpu_is_refused_without_acquiring(monkeypatch: pytest.MonkeyPatch) -> None:
     """run_trial asks ``partition_gain`` before ``acquire``: a throughput trial on partitions of a full GPU
     starts nothing; a per-request trial is acquired."""
-    import ray
-
     from autohet.tuning import trainable
 
-    monkeypatch.setattr(ray, "get", lambda value: value)
-    acquired: list[dict] = []
-
-    class Manager:
-        cpu_regroup = _Remote(lambda pool_params: None)
-        partition_gain = _Remote(lambda pool_params: 0.011 if pool_params.get("gpu_partitions", 1) > 1 else None)
-        best_speed = _Remote(lambda: 28000.0)
-
-        def _acquire(pool_params, exec_params, only):  # noqa: N805 (called through _Remote)
-            acquired.append(pool_params)
-            raise trainable.UserError("stop here: acquired")
-
-        acquire = _Remote(_acquire)
-
-    monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: Manager)
-    setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
-                                 "throughput", "m", 16, 0.5, 10)
+    setup, acquired = _stopping_manager(
+        monkeypatch, lambda pool_params: None,
+        lambda pool_params: 0.011 if pool_params.get("gpu_partitions", 1) > 1 else None, 28000.0)
     fifo = trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 2}, setup)
     assert fifo["status"] == "refused" and "GPU partitions" in fifo["error"] and acquired == []
     whole = trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 1}, setup)
