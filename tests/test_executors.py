@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -542,6 +543,30 @@ def test_a_setting_set_up_aside_runs_in_a_child_on_the_cores_given_and_a_failure
         start_aside(gpu, ModelSpec("lenet"), (1, 28, 28), frozenset(given)).wait(timeout=120)
     orphan = subprocess.run([sys.executable, "-c", _BOOT, str(os.getpid() + 10**6)], input=b"", timeout=60)
     assert orphan.returncode == 3  # not its parent's child: it ends before reading anything
+
+
+def test_a_child_on_standby_makes_its_imports_first_then_sets_up_the_setting_it_is_given() -> None:
+    """A child started cold spent 12-16 s on top of its compile on the H200x2 (BENCHMARKS.md 46): on standby it
+    makes the set-up's imports on the cores given, says so, and waits; given a setting, it sets it up there."""
+    from autohet.core.models import ModelSpec
+    from autohet.executors import ExecutorSpec
+    from autohet.executors.aside import spawn_aside
+
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    given = cores[-1:]
+    aside = spawn_aside(frozenset(given))
+    deadline = time.monotonic() + 120
+    while not aside.warmed():
+        assert aside.proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    assert aside.waiting  # its imports made, nothing given yet
+    cpu = ExecutorSpec("cpu0", "cpu", tuple(cores[:1]) or (0,), batch=2)
+    aside.give(cpu, ModelSpec("lenet"), (1, 28, 28), frozenset(given))
+    assert not aside.waiting
+    report = aside.wait(timeout=120)
+    assert report["standby_s"] > 0 and report["cores"] == given
+    with pytest.raises(AssertionError, match="one setting"):
+        aside.give(cpu, ModelSpec("lenet"), (1, 28, 28), frozenset(given))
 
 
 @pytest.mark.gpu

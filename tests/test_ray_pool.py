@@ -54,13 +54,24 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
         assert done is not None and done.compile_s == 0.0  # exact: eager compiles nothing
         assert done.ended_at is not None and asked <= done.ended_at <= time.time()  # one machine's clock
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
-        # or in a child of the actor's process, beside it: the actor holds nothing new after
+        # or in a child of the actor's process (the one it keeps on standby), beside it: the actor holds nothing
+        # new after; another actor's set-up queued after that child waits for its end, then holds the setting
         asked = time.time()
+        runner.standby(pool.actors[1], frozenset(pool.spec.executors[1].cores))
         beside = runner.start_aside(pool.actors[1], {"batch": 2}, frozenset(pool.spec.executors[1].cores))
+        queued = runner.start(pool.actors[0], {"batch": 2}, frozenset(pool.spec.executors[0].cores), after=beside)
         done = runner.wait(beside)
         assert done is not None and done.compile_s == 0.0  # exact: eager compiles nothing
         assert done.ended_at is not None and asked <= done.ended_at <= time.time()
         assert ray_local.get(pool.actors[1].configure.remote({}))["batch"] == 4
+        after = runner.wait(queued)
+        assert after is not None and after.held and after.ended_at >= done.ended_at
+        assert ray_local.get(pool.actors[0].configure.remote({}))["batch"] == 2
+        # queued after work that failed: it sets nothing up, and says so
+        failed = ray_local.remote(num_cpus=0)(_fail).remote()
+        skipped = runner.wait(runner.start(pool.actors[0], {"batch": 16}, frozenset(), after=failed))
+        assert skipped is not None and not skipped.held
+        assert ray_local.get(pool.actors[0].configure.remote({}))["batch"] == 2
         # work still running at its bound is given up (a task that ends in a minute, or never starts)
         hung = ray_local.remote(num_cpus=0)(_sleep).remote(60)
         assert runner.wait(hung, timeout=0.2) is None
@@ -71,6 +82,10 @@ def test_actors_are_reused_across_runs_and_reconfigured(ray_local):
 
 def _sleep(seconds: float) -> None:
     time.sleep(seconds)
+
+
+def _fail() -> None:
+    raise RuntimeError("a compile that failed")
 
 
 def test_declared_fake_gpu_is_taken_by_the_simulated_gpu_executor(ray_local):

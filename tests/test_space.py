@@ -579,10 +579,11 @@ def test_a_pool_of_two_gpus_runs_each_gpu_setting_alone_then_the_gpus_together(m
     first = staged_points(space, pool)
     assert {p["exec.gpu.batch"] for p in first.singles} == {256}  # each backend at the pool's batch
     assert [p.get("exec.gpu.backend") for p in first.singles] == ["eager", "cudagraphs", "inductor"]
-    # the compiled single and the walk on gpu1, where the plan's first compile ahead goes while gpu0's singles run
+    # the compiled single on gpu1, where the plan's first compile ahead goes while gpu0's singles run; the walk on
+    # gpu0, which sets its first step up from the cache while that single runs (BENCHMARKS.md 46)
     assert [(p["strategy"], p["single.executor"]) for p in first.singles] == [("single", 0), ("single", 0),
                                                                               ("single", 1)]
-    assert {p["single.executor"] for p in first.gpu_batches} == {1}
+    assert {p["single.executor"] for p in first.gpu_batches} == {0}
     # made ready while trials run elsewhere, in the order needed: inductor's single and the walk's first step up
     # compiled on the idle GPU, then the CPU singles' group of every core started on the idle cores
     gpu = {k.removeprefix("exec.gpu."): v for k, v in first.singles[-1].items() if k.startswith("exec.gpu.")}

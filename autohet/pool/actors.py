@@ -55,6 +55,7 @@ class ExecutorActor:
     def __init__(self, spec: ExecutorSpec, model: ModelSpec) -> None:
         self.executor = make_executor(spec, model)
         self._aside: Any = None  # a setting being set up in a child process (``compile_aside``)
+        self._standby: Any = None  # a child waiting to be given one (``standby_aside``)
 
     def load(self, workload: Workload) -> dict[str, Any]:
         self.executor.load(workload)
@@ -65,32 +66,59 @@ class ExecutorActor:
         _configure_settled(self.executor, params)
         return self.executor.describe()
 
-    def prepare_ahead(self, params: dict[str, Any], cores: list[int]) -> dict[str, Any]:
+    def prepare_ahead(self, params: dict[str, Any], cores: list[int], after: list[Any] | None = None
+                      ) -> dict[str, Any]:
         """``configure`` with its compiles on ``cores`` (``compiling_on``): this idle executor sets up a
         setting another executor's trial will need, while that trial runs (``autohet.tuning.ahead``); when it
-        ended is reported with it."""
+        ended is reported with it. ``after``: the Ray ref of the work compiling that setting cold elsewhere
+        (in a list, so that Ray leaves it to this call), waited for first, so that the set-up reads the cache
+        it fills; where that work failed, nothing is set up (``skipped``): the trial that needs the setting
+        meets the failure as its own."""
         from autohet.executors.compiled import compiling_on
 
+        if after:
+            import ray
+
+            try:
+                ray.get(after)
+            except Exception as exc:  # noqa: BLE001 - reported, not raised: this executor is as it was
+                return {"skipped": type(exc).__name__, "ended_at": time.time()}
         with compiling_on(frozenset(cores)):
             described = self.configure(params)
         return {**described, "ended_at": time.time()}
 
+    def standby_aside(self, cores: list[int]) -> None:
+        """Starts a child on standby for the next ``compile_aside``, its imports made on ``cores`` meanwhile.
+        Called in ``ASIDE_GROUP``."""
+        from autohet.executors.aside import spawn_aside
+
+        if self._standby is None or not self._standby.waiting:
+            self._standby = spawn_aside(frozenset(cores))
+
     def compile_aside(self, params: dict[str, Any], cores: list[int]) -> None:
         """Starts setting ``params`` up in a child process on this actor's device and ``cores``, beside this
-        actor's own work, into the compile cache every executor shares; returns at once (``wait_aside``).
-        Called in ``ASIDE_GROUP``, as ``wait_aside`` is."""
-        from autohet.executors.aside import start_aside
+        actor's own work, into the compile cache every executor shares (the child on standby, where there is
+        one); returns at once (``wait_aside``). Called in ``ASIDE_GROUP``, as ``wait_aside`` is."""
+        from autohet.executors.aside import spawn_aside
 
         assert self.executor.workload is not None, "load() first"
         if self._aside is not None:
             self._aside.end()
-        self._aside = start_aside(self.executor.spec.with_params(params), self.executor.model_spec,
-                                  self.executor.workload.shape, frozenset(cores))
+        standby, self._standby = self._standby, None
+        self._aside = standby if standby is not None and standby.waiting else spawn_aside()
+        self._aside.give(self.executor.spec.with_params(params), self.executor.model_spec,
+                         self.executor.workload.shape, frozenset(cores))
 
     def wait_aside(self) -> dict[str, Any]:
         """Blocks until the child ``compile_aside`` started ends; what it reports. Raises where it failed."""
         aside, self._aside = self._aside, None
         return aside.wait()
+
+    def aside_ended(self) -> None:
+        """Blocks until the child ``compile_aside`` started ends, whatever its end (another executor's
+        ``prepare_ahead`` waits on this before reading the cache it fills). Called in ``ASIDE_GROUP``."""
+        if self._aside is not None:
+            self._aside.proc.wait()
 
     def set_workload(self, workload: Workload) -> None:
         self.executor.set_workload(workload)

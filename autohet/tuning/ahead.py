@@ -16,6 +16,12 @@ put the compiled single and the batch walk on the GPU that compiles ahead (``tun
 trials wait for their own compiles and set up at most from the cache, while the first GPU sets up from the
 cache what the GPUs together will need.
 
+An idle GPU with nothing left to compile cold is not left idle while another job compiles a planned setting
+cold: it is given that setting to set up from the cache once that job ends (``after``), queued on its actor.
+On efficientnet_b0 the first GPU sat idle for 28 s while the second's child compiled the walk's b512 cold, then
+set it up from the cache only once the next trial began (BENCHMARKS.md 46). A child compiling aside is one its
+actor keeps on standby from the calibration on (``executors/aside.py``), its imports made.
+
 A trial measured meanwhile keeps its GPU and feeding core to itself. One that needs what ahead work holds
 (its executor or GPU, a setting it compiles cold, the cores of a CPU group, or another topology's start) first
 waits for that work to end (``conflicts``), and the wait is counted as acquiring; work still running
@@ -56,10 +62,12 @@ class Setting(NamedTuple):
 
 class Ready(NamedTuple):
     """What ahead work reports when it ends: the seconds it compiled, and when it ended (``time.time``, where
-    known: how long after its start a setting was ready is the figure a trial waiting for it pays)."""
+    known: how long after its start a setting was ready is the figure a trial waiting for it pays); ``held``:
+    False where a set-up queued after a cold compile found that compile failed and set nothing up."""
 
     compile_s: float
     ended_at: float | None = None
+    held: bool = True
 
 
 def setting(spec: ExecutorSpec) -> Setting:
@@ -79,11 +87,17 @@ def ahead_cores(base: PoolSpec, available: Collection[int] | None = None) -> fro
 class AheadRunner(Protocol):
     """Starts ahead work on an executor's actor and waits for it (Ray's in a tune, a fake in tests)."""
 
-    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any: ...
+    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int], after: Any = None) -> Any:
+        """Sets ``params`` up on the actor, once ``after`` (another job's handle, where given) has ended."""
+        ...
 
     def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
         """Sets ``params`` up in a child of the actor's process, beside the actor's own work (it holds
         nothing after: the setting is in the compile cache)."""
+        ...
+
+    def standby(self, actor: Any, cores: frozenset[int]) -> None:
+        """Has the actor keep a child on standby for its next ``start_aside``, its imports made on ``cores``."""
         ...
 
     def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
@@ -102,14 +116,23 @@ class _AsideCall(NamedTuple):
 class RayAhead:
     """Ahead work as an executor actor's ``prepare_ahead`` call, or its ``compile_aside`` child."""
 
-    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
-        return actor.prepare_ahead.remote(params, sorted(cores))
+    def start(self, actor: Any, params: dict[str, Any], cores: frozenset[int], after: Any = None) -> Any:
+        from autohet.pool.actors import ASIDE_GROUP
+
+        if isinstance(after, _AsideCall):  # the child's end, whatever it reports
+            after = after.actor.aside_ended.options(concurrency_group=ASIDE_GROUP).remote()
+        return actor.prepare_ahead.remote(params, sorted(cores), None if after is None else [after])
 
     def start_aside(self, actor: Any, params: dict[str, Any], cores: frozenset[int]) -> Any:
         from autohet.pool.actors import ASIDE_GROUP
 
         started = actor.compile_aside.options(concurrency_group=ASIDE_GROUP).remote(params, sorted(cores))
         return _AsideCall(actor, started)
+
+    def standby(self, actor: Any, cores: frozenset[int]) -> None:
+        from autohet.pool.actors import ASIDE_GROUP
+
+        actor.standby_aside.options(concurrency_group=ASIDE_GROUP).remote(sorted(cores))
 
     def wait(self, handle: Any, timeout: float | None = None) -> Ready | None:
         import ray
@@ -124,7 +147,7 @@ class RayAhead:
                                  timeout=_left(end))
             else:
                 report = ray.get(handle, timeout=_left(end))
-            return Ready(float(report.get("compile_s", 0.0)), report.get("ended_at"))
+            return Ready(float(report.get("compile_s", 0.0)), report.get("ended_at"), "skipped" not in report)
         except ray.exceptions.GetTimeoutError:
             _log.info("work ahead given up: still running after %.0f s more", timeout)
             return None
@@ -146,6 +169,7 @@ class _Job:
     handle: Any
     aside: bool = False  # in a child of the executor's process: the executor holds nothing after
     cold: bool = True  # no executor held it and no compile had cached it when the job started
+    after: bool = False  # queued after another job's cold compile of the setting (``CompileAhead.start``)
     started_at: float = field(default_factory=time.time)
 
     def line(self, done: Ready | None, hung: bool = False) -> str:
@@ -153,8 +177,11 @@ class _Job:
         ahead work runs on this node's GPUs, on the manager's clock)."""
         where = f"{self.executor.name}{' (child)' if self.aside else ''}"
         what = f"{self.setting.backend} b{self.setting.batch} {'cold' if self.cold else 'warm'}"
+        what += " after another's cold compile" if self.after else ""
         if done is None:
             return f"{where} {what}: " + (f"given up after {AHEAD_GIVE_UP_S:.0f} s" if hung else "failed")
+        if not done.held:
+            return f"{where} {what}: set nothing up (the compile it waited for failed)"
         ready = f"ready after {done.ended_at - self.started_at:.0f} s, " if done.ended_at is not None else ""
         return f"{where} {what}: {ready}{done.compile_s:.0f} s compiling"
 
@@ -231,7 +258,7 @@ class CompileAhead:
             elif compiled is None:
                 failed.append(job.executor)
                 self.forget(job.executor)
-            else:
+            elif done is not None and done.held:
                 self.held.setdefault(job.executor, set()).add(job.setting)
             self.compile_s += compiled or 0.0
             if job in self.jobs:
@@ -243,21 +270,20 @@ class CompileAhead:
         """Gives each idle whole GPU of the topology (on this node, not used by the trial about to run, with no
         job yet) the planned settings whose backend compiles that it lacks (``_candidates``): the first (a cold
         one where there is one) on its actor, the next cold one in a child process beside it (one process
-        compiles one program at a time), and the warm ones on its actor after the first; none while the trial
-        runs on the cores they would compile on. Returns the GPUs' indices."""
-        if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
-            return []
-        busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
-        running = {j.executor for j in self.jobs}
+        compiles one program at a time), and the warm ones on its actor after the first; an idle GPU given none
+        of those queues the settings another job compiles cold, each set up from the cache once that job ends
+        (``_after``); none while the trial runs on the cores they would compile on. Returns the GPUs' indices."""
+        idle = self._idle(spec, used)
+        busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used or ()}
         chosen: dict[int, dict[str, Any]] = {}  # idle GPU -> the setting its actor sets up
-        for i, e in enumerate(spec.executors):
-            gpu = (e.node, e.gpu)
-            if not e.is_gpu or e.sms or e.node is not None or i in used or gpu in busy or identity(e) in running:
+        for i in idle:
+            e = spec.executors[i]
+            if (e.node, e.gpu) in busy:
                 continue
             params = self._next(e, also={setting(spec.executors[j].with_params(p)) for j, p in chosen.items()})
             if params is not None:
                 chosen[i] = params
-                busy.add(gpu)
+                busy.add((e.node, e.gpu))
         coming = {setting(spec.executors[j].with_params(p)) for j, p in chosen.items()}
         for i, params in chosen.items():
             e = spec.executors[i]
@@ -270,14 +296,65 @@ class CompileAhead:
                 coming.add(setting(e.with_params(on_actor)))
             if cold:
                 self._add(e, cold[0], beside, aside=True)
-        given = list(chosen)
-        return given
+        # the GPUs given nothing of their own: a GPU with a job is the next singles' (they would wait for it all)
+        return sorted(set(chosen) | set(self._queue(spec, actors, [i for i in idle if i not in chosen])))
 
-    def _add(self, executor: ExecutorSpec, params: dict[str, Any], handle: Any, aside: bool = False) -> None:
+    def queue_after(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
+        """``start``'s second half alone, before a trial waits for the work it needs: each idle GPU queues the
+        settings other jobs compile cold (``_after``), so that it sets each up as soon as it is in the cache,
+        not once the trial's wait is over (no setting is compiled cold here: the trial may set one up itself).
+        Returns the GPUs' indices."""
+        return self._queue(spec, actors, self._idle(spec, used))
+
+    def _idle(self, spec: PoolSpec, used: list[int] | None) -> list[int]:
+        """The whole GPUs of this node the trial leaves idle with no job, where ahead work may run now."""
+        if not used or not self.cores or not self.plan or self.on_our_cores(spec, used):
+            return []
+        busy = {(spec.executors[i].node, spec.executors[i].gpu) for i in used}
+        running = {j.executor for j in self.jobs}
+        return [i for i, e in enumerate(spec.executors) if e.is_gpu and not e.sms and e.node is None
+                and i not in used and (e.node, e.gpu) not in busy and identity(e) not in running]
+
+    def _queue(self, spec: PoolSpec, actors: list[Any], idle: list[int]) -> list[int]:
+        queued = []
+        for i in idle:
+            e = spec.executors[i]
+            for params, job in self._after(e):
+                self._add(e, params, self.runner.start(actors[i], params, self.cores, after=job.handle), after=True)
+                queued += [] if i in queued else [i]
+        return queued
+
+    def _add(self, executor: ExecutorSpec, params: dict[str, Any], handle: Any, aside: bool = False,
+             after: bool = False) -> None:
         ahead = setting(executor.with_params(params))
-        cold = ahead not in self.cached and not any(ahead in held for held in self.held.values())
-        self.jobs.append(_Job(identity(executor), (executor.node, executor.gpu), ahead, handle, aside, cold))
+        cold = not after and ahead not in self.cached and not any(ahead in held for held in self.held.values())
+        self.jobs.append(_Job(identity(executor), (executor.node, executor.gpu), ahead, handle, aside, cold, after))
         self.started += 1
+
+    def _after(self, executor: ExecutorSpec) -> list[tuple[dict[str, Any], _Job]]:
+        """The plan's settings ``executor`` lacks that a job on another executor (or its child) compiles cold,
+        in the plan's order, each with that job: set up from the cache once it ends, the idle GPU holds the
+        setting when the GPUs run together, where it would otherwise have started on it only at the next
+        trial."""
+        mine = self.held.get(identity(executor), set()) | {
+            job.setting for job in self.jobs if job.executor == identity(executor)}
+        compiling = {job.setting: job for job in self.jobs if job.cold and job.executor != identity(executor)}
+        out = []
+        for entry in self.plan:
+            params = entry.get(executor.kind)
+            ahead = None if params is None else setting(executor.with_params(params))
+            if ahead is not None and ahead in compiling and ahead not in mine:
+                out.append((params, compiling[ahead]))
+                mine.add(ahead)
+        return out
+
+    def standby(self, spec: PoolSpec, actors: list[Any]) -> None:
+        """Has each whole GPU of this node keep a child on standby for the compiles aside to come, where there
+        are two GPUs or more (one has no idle GPU to compile on) and cores to compile on."""
+        gpus = [i for i, e in enumerate(spec.executors) if e.is_gpu and not e.sms and e.node is None]
+        if len(gpus) >= 2 and self.cores:
+            for i in gpus:
+                self.runner.standby(actors[i], self.cores)
 
     def on_our_cores(self, spec: PoolSpec, used: list[int]) -> bool:
         """Whether the trial runs on cores ahead work may use: any executor but a GPU (a CPU group's cores,
@@ -291,11 +368,12 @@ class CompileAhead:
 
     def _candidates(self, executor: ExecutorSpec, also: Collection[Setting] = ()
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """The params of the plan's settings ``executor`` does not hold and no job (nor ``also``, about to
-        start) is compiling, whose backend compiles, in the plan's order: the cold ones (no executor holds it
-        and no compile aside cached it: the long compile), and the warm ones (set up from the cache)."""
+        """The params of the plan's settings ``executor`` does not hold and no job compiles cold (nor ``also``
+        names, about to start), whose backend compiles, in the plan's order: the cold ones (no executor holds
+        it and no compile aside cached it: the long compile), and the warm ones (set up from the cache, beside
+        any other executor's set-up of the same)."""
         mine = self.held.get(identity(executor), set())
-        compiling = {job.setting for job in self.jobs} | set(also)
+        compiling = {job.setting for job in self.jobs if job.cold} | set(also)  # warm: set up side by side
         cold, warm = [], []
         for entry in self.plan:
             params = entry.get(executor.kind)

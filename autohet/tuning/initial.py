@@ -362,17 +362,18 @@ def staged_points(space: SearchSpace, pool: PoolSpec, ctx: SpaceContext | None =
     # the backends that compile last: their settings compile ahead on another GPU meanwhile (``FirstPoints.ahead``)
     backends.sort(key=lambda p: backend(p.get("exec.gpu.backend", "eager")).compiles)
     walk = [p for p in singles if p not in backends]
-    _on_the_compiling_gpu(pool, [p for p in backends if backend(p.get("exec.gpu.backend", "eager")).compiles] + walk)
+    _on_the_compiling_gpu(pool, [p for p in backends if backend(p.get("exec.gpu.backend", "eager")).compiles])
     return FirstPoints(backends, strategies, batches, probes, together, walk, cpu_singles,
                        defaults.get("exec.gpu.batch"))
 
 
 def _on_the_compiling_gpu(pool: PoolSpec, points: list[dict[str, Any]]) -> None:
-    """Moves GPU singles (the compiled backends' and the batch walk's) onto the second GPU: the first idle one
-    while the first GPU's singles run, so the plan's first compile ahead is set up on its actor and the next
-    in a child beside it (``CompileAhead.start``). Its singles then wait for those compiles, the first setting
-    up nothing, the next only from the cache; the first GPU, idle meanwhile, sets up from the cache what the
-    GPUs together will need (BENCHMARKS.md 42)."""
+    """Moves the compiled backends' GPU singles onto the second GPU: the first idle one while the first GPU's
+    singles run, so the plan's first compile ahead is set up on its actor and the next (the walk's first step)
+    in a child beside it (``CompileAhead.start``). Those singles then set up nothing. The walk stays on the
+    first GPU: idle while they run, it sets the walk's setting up from the cache as soon as the child has
+    filled it (``CompileAhead._after``), while the second GPU is still measured; on the second GPU the walk's
+    single set it up only after its own single had waited for the child (BENCHMARKS.md 42, 46)."""
     key = f"{BASELINE}.executor"
     for point in points:
         first = pool.executors[point[key]]
