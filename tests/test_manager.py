@@ -797,8 +797,9 @@ def test_in_a_two_gpu_tunes_order_each_gpu_is_set_up_before_the_trial_that_needs
     assert ahead.after == {1: 0, 2: ("aside", 0)}
     assert ahead.log[1:] == [("start", 1), ("start", 2), ("wait", 0), ("wait", ("aside", 0))]  # before the wait
     assert [job.cold for job in manager.ahead.jobs] == [False, False]  # no trial waits for them as cold compiles
-    manager.acquire({}, {"gpu": b512}, only=[0])  # the walk on gpu0: its jobs; then gpu1 sets b512 up
+    manager.acquire({}, {"gpu": b512}, only=[0])  # the walk on gpu0 waits for its jobs; gpu1, idle, sets b512 up
     assert ahead.waited == [0, ("aside", 0), 1, 2] and ahead.started[3][:2] == (actors[1], b512)
+    assert ahead.log[-3:] == [("start", 3), ("wait", 1), ("wait", 2)]  # from the cache, before that wait
     manager.acquire({"max_cpu_groups": 0}, {"gpu": b512})  # both GPUs: gpu1's job first
     assert ahead.waited == [0, ("aside", 0), 1, 2, 3] and len(ahead.started) == 4 and 3 not in ahead.after
 

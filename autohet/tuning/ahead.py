@@ -300,10 +300,11 @@ class CompileAhead:
         return sorted(set(chosen) | set(self._queue(spec, actors, [i for i in idle if i not in chosen])))
 
     def queue_after(self, spec: PoolSpec, actors: list[Any], used: list[int] | None) -> list[int]:
-        """``start``'s second half alone, before a trial waits for the work it needs: each idle GPU queues the
-        settings other jobs compile cold (``_after``), so that it sets each up as soon as it is in the cache,
-        not once the trial's wait is over (no setting is compiled cold here: the trial may set one up itself).
-        Returns the GPUs' indices."""
+        """``start``'s second half alone, before a trial waits for the work it needs: each idle GPU sets up the
+        settings already in the cache and queues those other jobs compile cold (``_queue``), so that it holds
+        them when the GPUs run together, not only once the trial's wait is over (efficientnet_b0's GPUs
+        together waited 4.6 s for gpu1's b512, started after the walk's 6.8 s wait: BENCHMARKS.md 47). No
+        setting is compiled cold here: the trial may set that one up itself. Returns the GPUs' indices."""
         return self._queue(spec, actors, self._idle(spec, used))
 
     def _idle(self, spec: PoolSpec, used: list[int] | None) -> list[int]:
@@ -316,12 +317,16 @@ class CompileAhead:
                 and i not in used and (e.node, e.gpu) not in busy and identity(e) not in running]
 
     def _queue(self, spec: PoolSpec, actors: list[Any], idle: list[int]) -> list[int]:
+        """On each of the ``idle`` GPUs' actors, one after the other: the planned settings it lacks that are in
+        the cache, then those another job compiles cold, each once that job ends (``_after``)."""
         queued = []
         for i in idle:
-            e = spec.executors[i]
+            e, before = spec.executors[i], len(self.jobs)
+            for params in self._candidates(e)[1]:
+                self._add(e, params, self.runner.start(actors[i], params, self.cores))
             for params, job in self._after(e):
                 self._add(e, params, self.runner.start(actors[i], params, self.cores, after=job.handle), after=True)
-                queued += [] if i in queued else [i]
+            queued += [i] if len(self.jobs) > before else []
         return queued
 
     def _add(self, executor: ExecutorSpec, params: dict[str, Any], handle: Any, aside: bool = False,
