@@ -906,8 +906,8 @@ def test_a_topology_that_only_regroups_a_negligible_cpu_is_refused_before_it_sta
     assert manager.cpu_regroup({"cpu_group_size": 4}) is None  # live now
 
 
-def _stopping_manager(monkeypatch: pytest.MonkeyPatch, cpu_regroup: Any, partition_gain: Any, best: float
-                      ) -> tuple[Any, list[dict]]:
+def _stopping_manager(monkeypatch: pytest.MonkeyPatch, cpu_regroup: Any, partition_gain: Any, best: float,
+                      cpu_gain: tuple[str, float] | None = None) -> tuple[Any, list[dict]]:
     """run_trial against a stand-in manager answering the refusals' questions, whose ``acquire`` records the
     pool params it was asked for and stops the trial there: (a throughput trial's setup, those records)."""
     import ray
@@ -922,7 +922,8 @@ def _stopping_manager(monkeypatch: pytest.MonkeyPatch, cpu_regroup: Any, partiti
         raise trainable.UserError("stop here: acquired")
 
     manager = SimpleNamespace(cpu_regroup=_Remote(cpu_regroup), partition_gain=_Remote(partition_gain),
-                              best_speed=_Remote(lambda: best), acquire=_Remote(_acquire))
+                              best_speed=_Remote(lambda: best), acquire=_Remote(_acquire),
+                              cpu_gain=_Remote(lambda: cpu_gain))
     monkeypatch.setattr(ray, "get_actor", lambda name, namespace=None: manager)
     setup = trainable.TrialSetup(ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), np.float32), 8),
                                  "throughput", "m", 16, 0.5, 10)
@@ -944,6 +945,36 @@ def test_a_trial_on_a_negligible_cpu_regroup_is_refused_without_acquiring(monkey
     assert single["error"] == "stop here: acquired" and acquired == [{"cpu_group_size": 2}]
     latency = dataclasses.replace(setup, objective="latency")
     assert trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, latency)["error"].startswith("stop")
+
+
+def test_other_cpu_groups_are_refused_where_groups_working_beside_the_gpus_added_nothing(
+        nine_core_gpu_machine: PoolSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two H200s: resnet18's fifo ran 141887 img/s with 4-core groups beside the GPUs against 159540 without, yet
+    the groups' standalone figures bounded what the CPU could add at 4.8% of the best, so a sampled regroup into
+    fifteen 2-core groups started and cost 25 s of acquiring (BENCHMARKS.md 47). The manager keeps each
+    data-parallel strategy's best with CPU groups taking work and without (``cpu_gain``); where the groups added
+    under ``NEGLIGIBLE_SHARE`` to every strategy measured both ways, a topology of other groups is refused."""
+    from autohet.tuning import trainable
+    from autohet.tuning.trial_setup import regroup_shortfall
+
+    manager = _manager(nine_core_gpu_machine)
+    assert manager.cpu_gain() is None
+    manager.record_speed(159540.0, None, "fifo", False)
+    manager.record_speed(141887.0, None, "fifo", True)
+    manager.record_speed(147000.0, None, "hat", True)  # one way only: no comparison
+    name, gain = manager.cpu_gain()
+    assert name == "fifo" and gain == pytest.approx(141887.0 / 159540.0 - 1.0)
+    why = regroup_shortfall(159540.0, 15, 7622.0, 158020.0, {"cpu_group_size": 2}, cpu_gain=(name, gain))
+    assert why is not None and "15 CPU group(s)" in why and "fifo's best by -11.1%" in why
+    assert regroup_shortfall(159540.0, 15, 7622.0, 158020.0, {"cpu_group_size": 2}) is None  # the bound alone
+    assert regroup_shortfall(159540.0, 15, 7622.0, 158020.0, {"cpu_group_size": 2}, cpu_gain=("fifo", 0.05)) is None
+    manager.record_speed(175000.0, None, "fast_split", True)  # a strategy the groups helped: not refused
+    manager.record_speed(160000.0, None, "fast_split", False)
+    assert manager.cpu_gain()[0] == "fast_split"
+    setup, acquired = _stopping_manager(monkeypatch, lambda pool_params: (15, 7622.0, 158020.0),
+                                        lambda pool_params: None, 159540.0, ("fifo", gain))
+    fifo = trainable.run_trial({"strategy": "fifo", "pool.cpu_group_size": 2}, setup)
+    assert fifo["status"] == "refused" and "against the GPUs alone" in fifo["error"] and acquired == []
 
 
 def test_partitions_of_a_gpu_already_full_at_its_batches_are_refused_before_they_start(
@@ -992,3 +1023,24 @@ def test_a_trial_on_partitions_of_a_full_gpu_is_refused_without_acquiring(monkey
     assert whole["error"] == "stop here: acquired" and acquired == [{"gpu_partitions": 1}]
     latency = dataclasses.replace(setup, objective="latency")
     assert trainable.run_trial({"strategy": "fifo", "pool.gpu_partitions": 2}, latency)["error"].startswith("stop")
+
+
+def test_a_data_parallel_trial_beside_gpus_is_recorded_with_whether_cpu_groups_took_work() -> None:
+    """What ``cpu_gain`` compares: a data-parallel trial over GPUs names its strategy and whether a CPU group
+    took any image; a single, an engine family or a pool without a GPU is not compared."""
+    from autohet.core.measurement import ExecutorReport, Measurement
+    from autohet.executors import ExecutorSpec
+    from autohet.tuning.trainable import _beside_gpus
+
+    spec = PoolSpec("p", [ExecutorSpec("gpu0", "gpu", (0,), gpu=0), ExecutorSpec("cpu0", "cpu", (1,))])
+
+    def measured(cpu_images: int) -> Measurement:
+        reports = [ExecutorReport("gpu0", "cuda:0", 100 - cpu_images), ExecutorReport("cpu0", "cpu", cpu_images)]
+        return Measurement("lenet", "fifo", {}, 100, 2.0, 50.0, 60.0, 50 / 60, True, 0.0, 1e-3, reports)
+
+    assert _beside_gpus(measured(10), "fifo", spec) == ("fifo", True)
+    assert _beside_gpus(measured(0), "fifo", spec) == ("fifo", False)  # the groups idle: the GPUs' own figure
+    assert _beside_gpus(measured(10), "single", spec) == (None, None)
+    assert _beside_gpus(measured(10), "pipeline", spec) == (None, None)
+    cpus = PoolSpec("c", [ExecutorSpec("cpu0", "cpu", (0,)), ExecutorSpec("cpu1", "cpu", (1,))])
+    assert _beside_gpus(measured(10), "fifo", cpus) == (None, None)

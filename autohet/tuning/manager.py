@@ -80,6 +80,8 @@ class PoolManager:
         self.actors_released = 0
         self.best_ips: float | None = None
         self.engine_ips: dict[frozenset[Identity], float] = {}  # devices -> the best engine trial on them
+        # a data-parallel strategy beside GPUs -> its best figure with CPU groups taking work, and without
+        self.cpu_beside: dict[str, dict[bool, float]] = {}
         self.standalone_cache = StandaloneCache()
         self.ahead = CompileAhead(ahead or RayAhead(), ahead_cores(base, cores))
         self.topologies_ahead: list[dict[str, Any]] = []  # the plan's topologies not yet started
@@ -245,13 +247,26 @@ class PoolManager:
         self.actors_replaced += len(indices)
         self.pool, self.key = None, None
 
-    def record_speed(self, ips: float, engine_devices: list[int] | None = None) -> None:
+    def record_speed(self, ips: float, engine_devices: list[int] | None = None, strategy: str | None = None,
+                     cpu_worked: bool | None = None) -> None:
         """The throughput of a valid trial: the fastest sets the cut and the next trials' size. An engine
-        family's trial names the live topology's executors it ran on (``engine_reached``)."""
+        family's trial names the live topology's executors it ran on (``engine_reached``); a data-parallel
+        one beside GPUs, its ``strategy`` and whether CPU groups took any of its images (``cpu_gain``)."""
         self.best_ips = ips if self.best_ips is None else max(self.best_ips, ips)
         if engine_devices and self.pool is not None:
             key = frozenset(identity(self.pool.spec.executors[i]) for i in engine_devices)
             self.engine_ips[key] = max(ips, self.engine_ips.get(key, 0.0))
+        if strategy is not None and cpu_worked is not None:
+            figures = self.cpu_beside.setdefault(strategy, {})
+            figures[cpu_worked] = max(ips, figures.get(cpu_worked, 0.0))
+
+    def cpu_gain(self) -> tuple[str, float] | None:
+        """What CPU groups working beside the GPUs added to a data-parallel strategy: its best figure with them
+        against its best over the GPUs alone, less one, for the strategy where they added most; None where no
+        strategy was measured both ways."""
+        gains = [(name, figures[True] / figures[False] - 1.0) for name, figures in self.cpu_beside.items()
+                 if figures.get(True) and figures.get(False)]
+        return max(gains, key=lambda gain: gain[1], default=None)
 
     def engine_reached(self, indices: list[int]) -> float | None:
         """The best an engine trial ran on the live topology's executors ``indices`` or on some of them

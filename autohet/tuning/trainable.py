@@ -27,7 +27,7 @@ from autohet.core.settings import CPU_ENGINE_HEADROOM, CUT_DRAIN_S, CUT_FLOOR_S,
 from autohet.core.workload import Workload
 from autohet.platform.thermal import too_hot, wait_cool
 from autohet.pool import PoolSpec
-from autohet.strategies import get_strategy
+from autohet.strategies import get_strategy, is_baseline
 from autohet.strategy_run import energy_sources, run_strategy
 from autohet.tuning.space import SearchSpace
 from autohet.tuning.trial_setup import TrialSetup, TrialSizing, engine_devices, engine_shortfall, trial_images
@@ -184,6 +184,15 @@ def _trial_context(strategy: str, params: dict[str, Any], spec: PoolSpec, manage
     return ctx, None
 
 
+def _beside_gpus(m: Measurement, strategy: str, spec: PoolSpec) -> tuple[str | None, bool | None]:
+    """A data-parallel trial over GPUs: its strategy, and whether CPU groups took any of its images (what
+    ``PoolManager.cpu_gain`` compares); (None, None) for a single, an engine family, or no GPU."""
+    kinds = {e.name: e for e in spec.executors}
+    if is_baseline(strategy) or get_strategy(strategy).on_engine or not any(e.uses_gpu for e in spec.executors):
+        return None, None
+    return strategy, any(r.images > 0 for r in m.executors if r.name in kinds and kinds[r.name].is_cpu)
+
+
 def _measured(m: Measurement, ctx: RunContext, strategy: str, spec: PoolSpec, exec_params: dict[str, Any],
               manager: Any, setup: TrialSetup) -> dict[str, Any]:
     """A measured trial's result: its status, figures and the config it would export (its speed recorded
@@ -194,7 +203,7 @@ def _measured(m: Measurement, ctx: RunContext, strategy: str, spec: PoolSpec, ex
     status, why = trial_status(m, setup.max_temp)
     if status == "ok" and not setup.objectives.mode.per_request:
         on = engine_devices(m.params, spec) if get_strategy(strategy).on_engine else None
-        ray.get(manager.record_speed.remote(m.throughput_ips, on))
+        ray.get(manager.record_speed.remote(m.throughput_ips, on, *_beside_gpus(m, strategy, spec)))
     config_out = RunConfig(model=setup.model, pool=spec, strategy=strategy, params=m.params,
                            plan=get_strategy(strategy).plan_params(m.params, m.extra),
                            images=ctx.workload.images, workload_seed=setup.workload_seed, npy=setup.npy,

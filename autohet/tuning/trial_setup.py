@@ -175,18 +175,29 @@ def refuse_negligible_regroup(strategy: str, pool_params: dict[str, Any], manage
     regrouped = ray.get(manager.cpu_regroup.remote(pool_params))
     if regrouped is None:
         return
-    why = regroup_shortfall(ray.get(manager.best_speed.remote()), *regrouped, pool_params)
+    why = regroup_shortfall(ray.get(manager.best_speed.remote()), *regrouped, pool_params,
+                            cpu_gain=ray.get(manager.cpu_gain.remote()))
     if why:
         raise UserError(why)
 
 
 def regroup_shortfall(best: float | None, new_groups: int, cpu_bound: float, gpus: float,
-                      pool_params: dict[str, Any], share: float = NEGLIGIBLE_SHARE) -> str | None:
+                      pool_params: dict[str, Any], share: float = NEGLIGIBLE_SHARE,
+                      cpu_gain: tuple[str, float] | None = None) -> str | None:
     """Why a trial's new CPU groups cannot matter (``refuse_negligible_regroup``), or None where they might:
-    ``cpu_bound`` the topology's CPU cores at the best per-core figure, ``gpus`` its GPUs' figures together."""
+    ``cpu_bound`` the topology's CPU cores at the best per-core figure, ``gpus`` its GPUs' figures together;
+    ``cpu_gain`` what CPU groups working beside the GPUs added to a data-parallel strategy so far
+    (``PoolManager.cpu_gain``): under ``share``, other groups of the same cores are refused too. The per-core
+    bound is each group's standalone figure; beside two H200s the groups took work from the GPUs' host side:
+    resnet18's and vgg16's fifo ran 11% and 17% slower with 4-core groups than without, and a later regroup into
+    2-core groups then cost resnet18's tune 25 s of acquiring for a trial that was cut (BENCHMARKS.md 47)."""
+    dims = ", ".join(f"{k}={v}" for k, v in sorted(pool_params.items()) if v is not None)
+    if cpu_gain is not None and cpu_gain[1] < share:
+        return (f"the topology {dims} starts {new_groups} CPU group(s), where CPU groups working beside the GPUs "
+                f"changed {cpu_gain[0]}'s best by {cpu_gain[1]:+.1%} against the GPUs alone (under {share:.0%}): "
+                "refused before they start")
     if not best or cpu_bound >= share * best or gpus > (1 + share) * best:
         return None
-    dims = ", ".join(f"{k}={v}" for k, v in sorted(pool_params.items()) if v is not None)
     return (f"the topology {dims} starts {new_groups} CPU group(s) whose cores together could add at most "
             f"~{cpu_bound:.4g} img/s (the best figure a core reached, times the cores), under {share:.0%} of the best "
             f"trial's {best:.4g} img/s, which its GPUs ({gpus:.4g} img/s together) already reach: refused before "
