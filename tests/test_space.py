@@ -143,6 +143,9 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
     assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
     assert search.best["cpu"][0] == 90.0  # exact: a fake trial's figure
+    assert search.unreported() == [stage_two]  # suggested, not reported yet (``run_search`` names it at the end)
+    search.on_trial_complete("t3", None)  # stopped at the budget: no result
+    assert search.unreported() == [stage_two]
 
 
 def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winner_on():

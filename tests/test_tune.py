@@ -195,3 +195,13 @@ def test_resume_after_a_kill_with_a_trial_running_reaches_the_budget_and_loses_n
     parents = client.search_runs([exp.experiment_id], "tags.autohet_kind = 'tune'")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     assert (cwd / "runs" / "kill" / "best.yaml").is_file()
+
+
+def test_a_trial_that_never_reported_is_named_after_the_search() -> None:
+    """A two-GPU vgg16 tune logged no trial in its last 100 s and said nothing of why (BENCHMARKS.md 47): a trial
+    still running at the search's budget is stopped and logged nowhere. Each such trial is named."""
+    from autohet.tuning.study import unreported
+
+    lines = unreported([{"strategy": "fifo", "pool.cpu_group_size": 2, "fifo.c": 4, "exec.gpu.batch": 256}, {}])
+    assert lines[0].startswith("a fifo trial (cpu_group_size=2; gpu batch=256) never reported") and "budget" in lines[0]
+    assert lines[1].startswith("a ? trial (the pool as it is; gpu -)")

@@ -59,6 +59,7 @@ class StagedSearch(OptunaSearch):
         self._probes: set[str] = set()  # the trials of a split-probe stage
         self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
         self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
+        self._reported: set[str] = set()  # trials whose result came back (``unreported``)
         self.longest_acquire_s = 0.0  # the longest one trial spent acquiring
         self.started: float | None = None  # wall clock of the first suggestion
         self.horizon: tuple[int, float] | None = None  # (trials in all, wall clock of the deadline)
@@ -152,9 +153,15 @@ class StagedSearch(OptunaSearch):
             return
         self._ot_study.enqueue_trial(fixed)
 
+    def unreported(self) -> list[dict[str, Any]]:
+        """The configs of the trials suggested that never reported a result (every trial's has a ``status``)."""
+        return [config for trial_id, config in self._configs.items() if trial_id not in self._reported]
+
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         super().on_trial_complete(trial_id, result, error)
         self._finished += 1
+        if result and "status" in result:
+            self._reported.add(trial_id)
         config = self._configs.get(trial_id) or {}
         acquired = float((result or {}).get(TrialKey.ACQUIRE) or 0.0)
         self.acquire_s += acquired

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from autohet.tuning.trial_setup import TrialSetup
 
 
-__all__ = ["first_points", "make_searcher", "open_study", "run_search", "trial_budget_s"]
+__all__ = ["first_points", "make_searcher", "open_study", "run_search", "trial_budget_s", "unreported"]
 
 
 def open_study(exp: Experiment, objectives: ObjectiveSet, record: Record, resume: bool) -> Any:
@@ -121,3 +121,19 @@ def run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s:
                                   log_to_file=True),
     )
     tuner.fit()
+    for line in unreported(searcher.unreported()):
+        print(f"autohet: {line}", file=sys.stderr)
+
+
+def unreported(configs: list[dict[str, Any]]) -> list[str]:
+    """A line for each trial suggested that never reported (``StagedSearch.unreported``): one still running when
+    the search's budget ran out is stopped there and logged nowhere, so the time it took would read as the
+    tune's "other" seconds with no trial named (a two-GPU vgg16 tune: 100 s, BENCHMARKS.md 47)."""
+    lines = []
+    for config in configs:
+        pool = ", ".join(f"{k.removeprefix('pool.')}={v}" for k, v in sorted(config.items()) if k.startswith("pool."))
+        gpu = ", ".join(f"{k.removeprefix('exec.gpu.')}={v}" for k, v in sorted(config.items())
+                        if k.startswith("exec.gpu."))
+        lines.append(f"a {config.get('strategy', '?')} trial ({pool or 'the pool as it is'}; gpu {gpu or '-'}) never "
+                     "reported and is not logged: stopped at the search's time budget, or its process failed")
+    return lines
