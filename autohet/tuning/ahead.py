@@ -12,9 +12,9 @@ cold setting is compiled in a child of the idle GPU's actor, beside the first (`
 two GPUs both cold compiles run at once from when the plan is given (``PoolManager.plan_ahead``: on the
 topology the calibration left live, while Ray Tune starts its trial process); on four, on two GPUs' actors.
 Two at once cost about what one alone does (BENCHMARKS.md 43). The first points
-put the compiled single and the batch walk on the GPU that compiles ahead (``tuning/initial.py``): its
-trials wait for their own compiles and set up at most from the cache, while the first GPU sets up from the
-cache what the GPUs together will need.
+put the compiled single on the GPU that compiles ahead (``tuning/initial.py``): it waits for its own
+compiles and sets nothing up, while the first GPU sets up from the cache what the walk (run there next) and
+the GPUs together will need.
 
 An idle GPU with nothing left to compile cold is not left idle while another job compiles a planned setting
 cold: it is given that setting to set up from the cache once that job ends (``after``), queued on its actor.
