@@ -322,8 +322,9 @@ def test_a_tune_chooses_among_single_and_pipeline_trials(tmp_path):
     assert [p["strategy"] for p in first] == ["single", "single", "pipeline"]  # the other batch, then the pipeline
     trials = len(first) + 2
     conf = yaml.safe_load((cwd / "conf.yaml").read_text())
+    # the auto trial timeout: its calibration starts the pool before the first trial, as the draws above assume
     (cwd / "conf.yaml").write_text(yaml.safe_dump({**conf, "trials": trials, "images": 768,
-                                                   "strategies": "pipeline"}))
+                                                   "strategies": "pipeline", "trial_timeout_s": "auto"}))
     proc = autohet(["tune", "--model", "lenet", "--conf", "conf.yaml", "--experiment", "pipe"], cwd, env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     client = client_for(cwd)
