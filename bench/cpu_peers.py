@@ -163,10 +163,13 @@ def peer_again(name: str, key: str, args: argparse.Namespace, threads: int, bf16
     return float(got[f"{key}_ips"])
 
 
-def rerun(best: Path, images: int, work: Path) -> dict[str, Any]:
-    """``autohet run --config`` of the exported config over ``images``: its measurement as JSON."""
+def rerun(best: Path, images: int, work: Path, in_process: bool = False) -> dict[str, Any]:
+    """``autohet run --config`` of the exported config over ``images``: its measurement as JSON. ``in_process``
+    (the smoke): its executors in the command's process, no Ray start (``autohet run`` through Ray is
+    ``tests/test_cli.py``'s)."""
+    flags = ["--in-process"] if in_process else []
     proc = subprocess.run([sys.executable, "-m", "autohet.cli", "run", "--config", str(best), "--json", "--images",
-                           str(images)], cwd=work, capture_output=True, text=True, timeout=1800)
+                           str(images), *flags], cwd=work, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -187,7 +190,7 @@ def alternate(name: str, row: dict[str, Any], args: argparse.Namespace, threads:
         peer = peer_again(name, row["best_peer"], args, threads, bf16, work)
         for b in extra:
             at[b].append(peer_again(name, row["best_peer"], args, threads, bf16, work, b))
-        m = rerun(best, row["autohet_images"], work)
+        m = rerun(best, row["autohet_images"], work, args.smoke)
         if "throughput_ips" not in m:
             return {"ab_error": m.get("error")}
         peers.append(peer)
@@ -230,7 +233,7 @@ def autohet_tune(name: str, work: Path, args: argparse.Namespace, pool: str | No
     images = max(64, int(peer_ips * args.rerun_s))
     batch = max((int(e.get("batch") or 1) for e in (yaml_executors(best))), default=1)
     images = -(-images // batch) * batch  # whole batches, as the peers are timed
-    m = rerun(best, images, work)
+    m = rerun(best, images, work, args.smoke)
     out["autohet_images"] = images
     if "throughput_ips" in m:
         executors = m.get("extra", {}).get("pool", {}).get("executors", [])

@@ -1044,3 +1044,45 @@ def test_a_data_parallel_trial_beside_gpus_is_recorded_with_whether_cpu_groups_t
     assert _beside_gpus(measured(10), "pipeline", spec) == (None, None)
     cpus = PoolSpec("c", [ExecutorSpec("cpu0", "cpu", (0,)), ExecutorSpec("cpu1", "cpu", (1,))])
     assert _beside_gpus(measured(10), "fifo", cpus) == (None, None)
+
+
+def test_the_manager_says_which_step_of_a_trials_call_it_is_in(nine_core_gpu_machine: PoolSpec) -> None:
+    """What a trial stopped at the search's budget was waiting for (``now``, logged with it): the topology being
+    started, the executors being set up, the standalone measurement; after a call, the call and its idle time,
+    also where the call failed."""
+    seen: list[dict[str, Any]] = []
+
+    class Watched(FakePool):
+        def start(self, model: ModelSpec, workload: Workload, adopt: dict[tuple, Any] | None = None) -> None:
+            seen.append(manager.now())
+            super().start(model, workload, adopt)
+
+        def _apply_config(self, indices: list[int]) -> list[dict[str, Any]]:
+            seen.append(manager.now())
+            return super()._apply_config(indices)
+
+        def standalone_ips(self, seconds: float, max_images: int | None = None,
+                           indices: list[int] | None = None) -> list[float]:
+            seen.append(manager.now())
+            return super().standalone_ips(seconds, max_images, indices)
+
+    manager = PoolManager(nine_core_gpu_machine, ModelSpec("lenet"),
+                          Workload(np.zeros((1, 1, 28, 28), dtype=np.float32), 8), "t", pool_factory=Watched)
+    assert manager.now() == {}
+    manager.acquire({}, {"gpu": {"batch": 128}}, only=[0])
+    assert [s["doing"] for s in seen] == [
+        "acquiring executors: starting the topology gpu0, cpu0, cpu1, cpu2 and 5 more (9 new)",
+        "acquiring executors: setting up gpu0 with the trial's executor params"]
+    assert all(s["for_s"] >= 0 for s in seen)
+    after = manager.now()
+    assert after["after"] == "acquire" and after["idle_s"] >= 0 and "doing" not in after
+    manager.standalone(0.1, None, used=[0])
+    assert seen[-1]["doing"] == "measuring standalone figures" and manager.now()["after"] == "standalone measurement"
+
+    def broken(spec: PoolSpec, prefix: str) -> Any:
+        raise RuntimeError("no actor")
+
+    manager.pool_factory = broken
+    with pytest.raises(RuntimeError):
+        manager.acquire({"cpu_group_size": 2}, {})
+    assert manager.now()["after"] == "acquire"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -343,3 +344,57 @@ def test_a_simulated_gpu_dying_with_its_next_unit_queued_loses_neither(ray_local
     assert [e.died for e in m.executors] == [True, False]
     assert len([f for f in m.failures if "gpu died" in f]) == 2
     assert sum(e.images for e in m.executors) == 2000
+
+
+def _gated_pool(gate: str) -> Any:
+    """A fake pool (``tests.test_manager.FakePool``) whose start waits until the file ``gate`` exists: an
+    acquire held in the manager actor for as long as the test wants, on no clock."""
+    from pathlib import Path
+
+    from tests.test_manager import FakePool
+
+    class Gated(FakePool):
+        def start(self, model: Any, workload: Any, adopt: Any = None) -> None:
+            for _ in range(1200):  # at most 60 s: the test opens the gate as soon as it has asked
+                if Path(gate).exists():
+                    break
+                time.sleep(0.05)
+            super().start(model, workload, adopt)
+
+    return Gated
+
+
+def test_the_manager_actor_says_what_it_does_while_an_acquire_holds_it(ray_local, tmp_path):
+    """A trial the search's time budget stopped is logged with what the manager was doing for it
+    (``study.stopped_trials``): the actor as a tune starts it answers ``now`` from its own thread while an
+    acquire still holds it, and its other calls still go one at a time."""
+    import functools
+
+    from autohet.tuning.manager import ask_now, remote_manager
+
+    gate = tmp_path / "open"
+    spec = PoolSpec("p", [ExecutorSpec("cpu0", "cpu", (0,)), ExecutorSpec("cpu1", "cpu", (1,))])
+    manager = remote_manager(f"autohet-manager-now-{time.time_ns()}").remote(
+        spec, ModelSpec("lenet"), Workload(np.zeros((1, 1, 28, 28), dtype=np.float32), 8), "now",
+        pool_factory=functools.partial(_gated_pool_factory, str(gate)))
+    try:
+        assert ask_now(manager, 60.0) == {}
+        acquired = manager.acquire.remote({}, {})
+        for _ in range(600):  # until the acquire has begun: the status thread answers meanwhile
+            now = ask_now(manager, 5.0)
+            if now and "doing" in now:
+                break
+            time.sleep(0.05)
+        assert now["doing"] == "acquiring executors: starting the topology cpu0, cpu1 (2 new)"
+        queued = manager.best_speed.remote()  # the default group: behind the acquire
+        assert ray_local.wait([queued], timeout=0.5)[0] == []
+        gate.write_text("")
+        ray_local.get(acquired, timeout=60)
+        assert ray_local.get(queued, timeout=60) is None and ask_now(manager, 60.0)["after"] == "acquire"
+    finally:
+        gate.write_text("")
+        ray_local.kill(manager)
+
+
+def _gated_pool_factory(gate: str, spec: PoolSpec, prefix: str) -> Any:
+    return _gated_pool(gate)(spec, prefix)

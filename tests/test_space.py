@@ -143,9 +143,41 @@ def test_stage_two_runs_each_kind_at_its_best_singles_settings():
     assert stage_two["strategy"] == "fifo" and stage_two["fifo.c"] == 128
     assert (stage_two["exec.cpu.backend"], stage_two["exec.cpu.batch"]) == ("openvino", 16)
     assert search.best["cpu"][0] == 90.0  # exact: a fake trial's figure
-    assert search.unreported() == [stage_two]  # suggested, not reported yet (``run_search`` names it at the end)
+    # suggested, not reported yet (``run_search`` logs it at the end)
+    assert [(trial_id, config) for trial_id, config, _ in search.unreported()] == [("t3", stage_two)]
     search.on_trial_complete("t3", None)  # stopped at the budget: no result
-    assert search.unreported() == [stage_two]
+    assert [config for _, config, _ in search.unreported()] == [stage_two]
+
+
+def test_a_trial_stopped_at_the_search_budget_is_logged_as_cut_with_where_its_seconds_went() -> None:
+    """A two-GPU vgg16 tune logged no trial in its last 100 s and said nothing of why (BENCHMARKS.md 47): a trial
+    still running at the search's budget was stopped and logged nowhere. Now it is logged, cut, with its seconds
+    and what the pool manager was doing for it; one already logged (a crash, as ``error``) is not logged again."""
+    from autohet.core.objectives import TrialKey
+    from autohet.tuning.study import stopped_trials
+
+    fifo = {"strategy": "fifo", "pool.cpu_group_size": 2, "fifo.c": 4, "exec.gpu.batch": 256}
+    acquiring = {"doing": "acquiring executors: starting the topology gpu0, gpu1, cpu0, cpu1 and 13 more (15 new)",
+                 "for_s": 91.6}
+    [(trial_id, config, result)] = stopped_trials([("t22", fifo, 1000.0), ("t9", {}, 900.0)], {"t9"}, acquiring,
+                                                  1095.4)
+    assert (trial_id, config, result["status"], result["strategy"]) == ("t22", fifo, "cut", "fifo")
+    assert result[TrialKey.TRIAL] == pytest.approx(95.4)
+    assert result["error"] == (
+        "a fifo trial (cpu_group_size=2; gpu batch=256) was stopped at the search's time budget after 95 s, not "
+        "measured: the pool manager had been acquiring executors: starting the topology gpu0, gpu1, cpu0, cpu1 and 13 "
+        "more (15 new) for its last 92 s")
+    ran = stopped_trials([("t1", {}, 0.0)], set(), {"after": "acquire", "idle_s": 40.0}, 50.0)[0][2]["error"]
+    assert ran.startswith("a ? trial (the pool as it is; the executors as they are) was stopped") and ran.endswith(
+        "its run went on for its last 40 s, after the pool manager's acquire returned")
+    # the manager's last call returned before this trial began: it never got as far as asking for executors
+    single = {"strategy": "single", "single.executor": 0, "exec.cpu.backend": "onnxruntime", "exec.cpu.batch": 16,
+              "exec.gpu.batch": 256}
+    early = stopped_trials([("t1", single, 0.0)], set(), {"after": "acquire", "idle_s": 60.0}, 50.0)[0][2]["error"]
+    assert early.startswith("a single trial (the pool as it is; cpu backend=onnxruntime, batch=16; gpu batch=256) was")
+    assert early.endswith("it had not asked the pool manager for anything")
+    silent = stopped_trials([("t1", {}, 0.0)], set(), None, 5.0)[0][2]["error"]
+    assert silent.endswith("the pool manager did not answer what it was doing")
 
 
 def test_the_batch_stage_runs_the_best_variant_at_each_batch_and_hands_the_winner_on():

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from autohet.core.models import ModelSpec
@@ -28,7 +29,11 @@ from autohet.pool import Identity, PoolSpec, RayPool, StandaloneCache, identity,
 from autohet.pool.spec import POOL_DIMS
 from autohet.tuning.ahead import AheadRunner, CompileAhead, RayAhead, ahead_cores
 
-__all__ = ["RELEASE_IDLE_BELOW", "PoolManager", "regroup"]
+__all__ = ["RELEASE_IDLE_BELOW", "STATUS_GROUP", "PoolManager", "ask_now", "regroup", "remote_manager"]
+
+# The manager actor's concurrency group of its own thread for ``PoolManager.now``: answered while a trial's
+# acquire still blocks the actor's main thread (a trial the search's time budget stopped in it).
+STATUS_GROUP = "status"
 
 _log = logging.getLogger(__name__)
 
@@ -87,6 +92,8 @@ class PoolManager:
         self.topologies_ahead: list[dict[str, Any]] = []  # the plan's topologies not yet started
         self.loading: dict[Identity, Any] = {}  # actors started ahead -> their load call
         self.actors_ahead = 0
+        self.doing: tuple[str, float] | None = None  # the step of a trial's call under way, since when (``now``)
+        self.returned: tuple[str, float] | None = None  # the last such call to return, and when
 
     def plan_ahead(self, plan: list[dict[str, dict[str, Any]]],
                    first: tuple[dict[str, Any], list[int] | None] | None = None) -> None:
@@ -109,11 +116,36 @@ class PoolManager:
             _log.info("no work ahead before the first trial: %s",
                       (str(exc).strip().splitlines() or [type(exc).__name__])[-1])
 
+    def now(self) -> dict[str, Any]:
+        """What the manager does for the trials at this moment (called in ``STATUS_GROUP``): ``doing`` and
+        ``for_s`` while a call is under way, else ``after`` (the last call to return) and ``idle_s``; empty
+        before any. A trial the search's time budget stopped is logged with it (``study.stopped_trials``)."""
+        at = time.monotonic()
+        if self.doing is not None:
+            return {"doing": self.doing[0], "for_s": at - self.doing[1]}
+        if self.returned is not None:
+            return {"after": self.returned[0], "idle_s": at - self.returned[1]}
+        return {}
+
+    def _step(self, what: str) -> None:
+        self.doing = (what, time.monotonic())
+
+    def _returned(self, call: str) -> None:
+        self.doing, self.returned = None, (call, time.monotonic())
+
     def acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
                 only: list[int] | None = None) -> tuple[PoolSpec, list[Any], float]:
         """The topology's spec and actors with the trial's executor params applied (to the executors
         ``only`` names, where given: those the trial uses), and the seconds the executors spent
         compiling for it (0 when their compiled artefacts were already there)."""
+        try:
+            return self._acquire(pool_params, exec_params, only)
+        finally:
+            self._returned("acquire")
+
+    def _acquire(self, pool_params: dict[str, Any], exec_params: dict[str, dict[str, Any]],
+                 only: list[int] | None) -> tuple[PoolSpec, list[Any], float]:
+        self._step("acquiring executors: waiting for the compiles ahead they need")
         spec = regroup(self.base, pool_params)
         key = tuple(identity(e) for e in spec.executors)
         self.acquires += 1
@@ -126,9 +158,11 @@ class PoolManager:
                                                                 key != self.key or self.pool is None)))
         fresh = key != self.key or self.pool is None
         if self._meets_loading(spec, used, fresh):
+            self._step(f"acquiring executors: waiting for {_names(self.loading)} started ahead to load")
             self._settle_loading()
         if fresh:
             adopt = {i: self.live[i] for i in key if i in self.live}
+            self._step(f"acquiring executors: starting the topology {_names(key)} ({len(key) - len(adopt)} new)")
             self._free_gpus(set(key) - set(adopt))
             self._release_idle(set(key))
             self.pool = self.pool_factory(spec, f"{self.prefix}-t{self.topologies_started}")
@@ -140,6 +174,8 @@ class PoolManager:
             self.actors_adopted += len(adopt)
         self.last_used.update(dict.fromkeys(key, self.acquires))
         self._evict(set(key))
+        self._step(f"acquiring executors: setting up {_names(key if only is None else [key[i] for i in used])} with "
+                   "the trial's executor params")
         compile_s += self.pool.configure(exec_params, only) or 0.0
         self.ahead.note_set_up(self.pool.spec, set(range(len(self.pool.spec.executors))) - self.pool.unconfigured)
         if not self.loading:
@@ -284,11 +320,15 @@ class PoolManager:
         the whole tune. Only the executors measured get the trial's params first: a single's other GPU,
         compiling ahead meanwhile, is left to it (``autohet.tuning.ahead``)."""
         assert self.pool is not None, "acquire() first"
-        due = self.standalone_cache.due(self.pool, max_images, used)
-        if due:
-            self._end_failed(self.ahead.settle(self.ahead.conflicts(self.pool.spec, due, new_topology=False)))
-        self.pool.configure_rest(due)
-        return self.standalone_cache.measure(self.pool, seconds, max_images, used=used)
+        self._step("measuring standalone figures")
+        try:
+            due = self.standalone_cache.due(self.pool, max_images, used)
+            if due:
+                self._end_failed(self.ahead.settle(self.ahead.conflicts(self.pool.spec, due, new_topology=False)))
+            self.pool.configure_rest(due)
+            return self.standalone_cache.measure(self.pool, seconds, max_images, used=used)
+        finally:
+            self._returned("standalone measurement")
 
     def known_standalone(self, index: int) -> float | None:
         """A cached standalone throughput of the live topology's executor ``index`` (any unit
@@ -401,6 +441,33 @@ class PoolManager:
             self.ahead.forget(ident)
         self.live.clear()
         self.pool, self.key = None, None
+
+
+def remote_manager(name: str) -> Any:
+    """The manager's Ray actor class as a tune starts it: named, restartable (a crashed worker is rebuilt and the
+    next trial re-creates the executors), holding no CPU; ``now`` answers from a thread of its own
+    (``STATUS_GROUP``), every other call goes one at a time."""
+    import ray
+
+    return ray.remote(concurrency_groups={STATUS_GROUP: 1})(PoolManager).options(
+        name=name, namespace="autohet", num_cpus=0, max_restarts=3)
+
+
+def ask_now(manager: Any, timeout_s: float) -> dict[str, Any] | None:
+    """The manager actor's ``now``, from its own thread even while a call blocks the others (None where it did
+    not answer within ``timeout_s``)."""
+    import ray
+
+    try:
+        return ray.get(manager.now.options(concurrency_group=STATUS_GROUP).remote(), timeout=timeout_s)
+    except Exception:  # gone, or not answering: the caller says so
+        return None
+
+
+def _names(idents: Iterable[Identity]) -> str:
+    """Executors by name, the first few: a step of ``PoolManager.now``."""
+    names = [i.name for i in idents]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
 def _release_actors(actors: list[Any]) -> None:

@@ -60,6 +60,7 @@ class StagedSearch(OptunaSearch):
         self.best_pool: tuple[float, dict[str, Any]] | None = None  # the best trial's figure and pool.* values
         self.acquire_s = 0.0  # the finished trials' seconds acquiring executors
         self._reported: set[str] = set()  # trials whose result came back (``unreported``)
+        self._suggested_at: dict[str, float] = {}  # trial -> wall clock of its suggestion
         self.longest_acquire_s = 0.0  # the longest one trial spent acquiring
         self.started: float | None = None  # wall clock of the first suggestion
         self.horizon: tuple[int, float] | None = None  # (trials in all, wall clock of the deadline)
@@ -104,6 +105,7 @@ class StagedSearch(OptunaSearch):
         config = super().suggest(trial_id)
         if config is not None:
             self._configs[trial_id] = config
+            self._suggested_at[trial_id] = time.time()
             if self._stage is not None and self._stage.per_close_cpu and len(self._configs) <= self._enqueued:
                 self._probes.add(trial_id)
         return config
@@ -153,9 +155,11 @@ class StagedSearch(OptunaSearch):
             return
         self._ot_study.enqueue_trial(fixed)
 
-    def unreported(self) -> list[dict[str, Any]]:
-        """The configs of the trials suggested that never reported a result (every trial's has a ``status``)."""
-        return [config for trial_id, config in self._configs.items() if trial_id not in self._reported]
+    def unreported(self) -> list[tuple[str, dict[str, Any], float]]:
+        """The trials suggested that never reported a result (every trial's has a ``status``): each one's id,
+        config and wall clock of its suggestion."""
+        return [(trial_id, config, self._suggested_at[trial_id]) for trial_id, config in self._configs.items()
+                if trial_id not in self._reported]
 
     def on_trial_complete(self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False) -> None:
         super().on_trial_complete(trial_id, result, error)

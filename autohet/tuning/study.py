@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autohet.core.models import ModelSpec
-from autohet.core.objectives import ObjectiveSet
+from autohet.core.objectives import ObjectiveSet, TrialKey
 from autohet.pool import PoolSpec
 from autohet.tuning.dims import SpaceContext
 from autohet.tuning.experiment import Experiment
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from autohet.tuning.trial_setup import TrialSetup
 
 
-__all__ = ["first_points", "make_searcher", "open_study", "run_search", "trial_budget_s", "unreported"]
+__all__ = ["first_points", "make_searcher", "open_study", "run_search", "stopped_trials", "trial_budget_s"]
 
 
 def open_study(exp: Experiment, objectives: ObjectiveSet, record: Record, resume: bool) -> Any:
@@ -103,7 +103,7 @@ def trial_budget_s(settings: TuneSettings, started: float) -> float:
 def run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s: float, exp_dir: Path,
                 logger: TrialLogger, progress: Progress, logged: set[str | None]) -> None:
     """Runs up to ``trials`` trials within ``budget_s`` through Ray Tune, one at a time, each logged
-    to MLflow as it finishes."""
+    to MLflow as it finishes; one the budget stopped, after the search, as ``cut`` (``stopped_trials``)."""
     from ray import tune
 
     from autohet.tuning.callbacks import tune_callbacks
@@ -121,19 +121,68 @@ def run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s:
                                   log_to_file=True),
     )
     tuner.fit()
-    for line in unreported(searcher.unreported()):
-        print(f"autohet: {line}", file=sys.stderr)
+    unlogged = [trial for trial in searcher.unreported() if trial[0] not in logged]
+    manager_now = _manager_now(setup.manager_name) if unlogged else None
+    for trial_id, config, result in stopped_trials(unlogged, logged, manager_now, time.time()):
+        logged.add(trial_id)
+        t0 = time.perf_counter()
+        logger.log(progress.done + 1, config, result, trial_id)
+        progress.update(result, time.perf_counter() - t0)
+        print(f"autohet: {result['error']}", file=sys.stderr)
 
 
-def unreported(configs: list[dict[str, Any]]) -> list[str]:
-    """A line for each trial suggested that never reported (``StagedSearch.unreported``): one still running when
-    the search's budget ran out is stopped there and logged nowhere, so the time it took would read as the
-    tune's "other" seconds with no trial named (a two-GPU vgg16 tune: 100 s, BENCHMARKS.md 47)."""
-    lines = []
-    for config in configs:
-        pool = ", ".join(f"{k.removeprefix('pool.')}={v}" for k, v in sorted(config.items()) if k.startswith("pool."))
-        gpu = ", ".join(f"{k.removeprefix('exec.gpu.')}={v}" for k, v in sorted(config.items())
-                        if k.startswith("exec.gpu."))
-        lines.append(f"a {config.get('strategy', '?')} trial ({pool or 'the pool as it is'}; gpu {gpu or '-'}) never "
-                     "reported and is not logged: stopped at the search's time budget, or its process failed")
-    return lines
+def _manager_now(manager_name: str) -> dict[str, Any] | None:
+    """The pool manager's ``now`` (None where it did not answer)."""
+    import ray
+
+    from autohet.core.settings import MANAGER_ANSWER_S
+    from autohet.tuning.manager import ask_now
+
+    try:
+        manager = ray.get_actor(manager_name, namespace="autohet")
+    except ValueError:  # gone: the record says it did not answer
+        return None
+    return ask_now(manager, MANAGER_ANSWER_S)
+
+
+def stopped_trials(unreported: list[tuple[str, dict[str, Any], float]], logged: set[str | None],
+                   manager_now: dict[str, Any] | None, now: float) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Each trial suggested that never reported and was not logged otherwise (a crash is, as ``error``), with
+    the result it is logged with: ``cut`` at the search's time budget, its seconds, and where they went from the
+    pool manager's ``now`` (``manager_now``: None where it did not answer). A two-GPU vgg16 tune logged no trial
+    in its last 100 s and said nothing of why (BENCHMARKS.md 47): the trial is neither lost nor unexplained."""
+    out = []
+    for trial_id, config, suggested in unreported:
+        if trial_id in logged:
+            continue
+        seconds = max(0.0, now - suggested)
+        strategy = config.get("strategy", "?")
+        error = (f"a {strategy} trial ({_dims(config)}) was stopped at the search's time budget after {seconds:.0f} s, "
+                 f"not measured: {_where(manager_now, seconds)}")
+        out.append((trial_id, config, {"status": "cut", "strategy": strategy, "error": error,
+                                       TrialKey.TRIAL: seconds}))
+    return out
+
+
+def _dims(config: dict[str, Any]) -> str:
+    """A trial's pool dims and executor params, by kind: "cpu_group_size=2; gpu batch=256, backend=inductor"."""
+    pool = ", ".join(f"{k.removeprefix('pool.')}={v}" for k, v in sorted(config.items()) if k.startswith("pool."))
+    kinds: dict[str, list[str]] = {}
+    for key, value in sorted(config.items()):
+        if key.startswith("exec.") and key.count(".") >= 2:
+            kind, name = key.removeprefix("exec.").split(".", 1)
+            kinds.setdefault(kind, []).append(f"{name}={value}")
+    execs = "; ".join(f"{kind} {', '.join(values)}" for kind, values in kinds.items())
+    return "; ".join([pool or "the pool as it is", execs or "the executors as they are"])
+
+
+def _where(manager_now: dict[str, Any] | None, seconds: float) -> str:
+    """Where a stopped trial's seconds went, from the pool manager's ``now`` (see ``stopped_trials``)."""
+    if manager_now is None:
+        return "the pool manager did not answer what it was doing"
+    if "doing" in manager_now:
+        return f"the pool manager had been {manager_now['doing']} for its last {manager_now['for_s']:.0f} s"
+    if "idle_s" in manager_now and manager_now["idle_s"] < seconds:
+        return (f"its run went on for its last {manager_now['idle_s']:.0f} s, after the pool manager's "
+                f"{manager_now['after']} returned")
+    return "it had not asked the pool manager for anything"

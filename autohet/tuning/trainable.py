@@ -1,7 +1,8 @@
 """The function Ray Tune runs for each trial: one real strategy run on the manager's executors.
 
 A trial ends with one status (``autohet.tracking.STATUSES``): ``ok``, ``invalid`` (outputs failed
-the check), ``cut`` (slower than the deadline or than cut_factor x the fastest run), ``refused``
+the check), ``cut`` (slower than the deadline or than cut_factor x the fastest run; the tune logs a trial
+the search's time budget stopped as cut too, ``study.stopped_trials``), ``refused``
 (it cannot finish in time, or its parameters do not fit the pool), ``violation`` (it ran, but past a
 bound: its measured max temperature above ``max_temp``, or a bound the strategy itself reports in
 ``m.extra["violation"]``). Only ``ok`` trials carry their objective values; the others report each

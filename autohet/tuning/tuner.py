@@ -109,20 +109,16 @@ def _start_ray(address: str | None) -> None:
 def _start_pool(model: ModelSpec, settings: TuneSettings, address: str | None, experiment: str, data_seed: int,
                 npy: str | None) -> TunePool:
     """Resolves the pool, builds the image bank and starts the pool manager actor."""
-    import ray
-
     from autohet.core.workload import WorkloadSpec, workload_for
     from autohet.pool.resolve import resolve_pool
-    from autohet.tuning.manager import PoolManager
+    from autohet.tuning.manager import remote_manager
 
     pool_spec = resolve_pool(settings.pool, address)
     bank_images = SIZED_BANK if settings.images == "auto" else int(settings.images)
     bank = workload_for(model.name, bank_images, data_seed, npy)
     bank_spec = WorkloadSpec(bank_images, bank.shape, data_seed, npy)
     manager_name = f"autohet-manager-{experiment}-{os.getpid()}"
-    # restartable: if its worker crashes, Ray rebuilds it and the next trial re-creates the executors
-    manager = ray.remote(PoolManager).options(name=manager_name, namespace="autohet", num_cpus=0, max_restarts=3)
-    manager = manager.remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
+    manager = remote_manager(manager_name).remote(pool_spec, model, bank_spec, f"autohet-{experiment}")
     return TunePool(pool_spec, bank, manager_name, manager)
 
 
