@@ -153,8 +153,11 @@ def test_a_trial_stopped_at_the_search_budget_is_logged_as_cut_with_where_its_se
     """A two-GPU vgg16 tune logged no trial in its last 100 s and said nothing of why (BENCHMARKS.md 47): a trial
     still running at the search's budget was stopped and logged nowhere. Now it is logged, cut, with its seconds
     and what the pool manager was doing for it; one already logged (a crash, as ``error``) is not logged again."""
-    from autohet.core.objectives import TrialKey
-    from autohet.tuning.study import stopped_trials
+    from autohet.core.objectives import PRIMARY_METRIC, ObjectiveSet, TrialKey
+    from autohet.tuning import study
+
+    def stopped_trials(*args: Any) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+        return study.stopped_trials(*args, ObjectiveSet.parse("throughput"))
 
     fifo = {"strategy": "fifo", "pool.cpu_group_size": 2, "fifo.c": 4, "exec.gpu.batch": 256}
     acquiring = {"doing": "acquiring executors: starting the topology gpu0, gpu1, cpu0, cpu1 and 13 more (15 new)",
@@ -163,6 +166,7 @@ def test_a_trial_stopped_at_the_search_budget_is_logged_as_cut_with_where_its_se
                                                   1095.4)
     assert (trial_id, config, result["status"], result["strategy"]) == ("t22", fifo, "cut", "fifo")
     assert result[TrialKey.TRIAL] == pytest.approx(95.4)
+    assert result[PRIMARY_METRIC] == 0.0  # exact: the worst value any trial not ok is logged with
     assert result["error"] == (
         "a fifo trial (cpu_group_size=2; gpu batch=256) was stopped at the search's time budget after 95 s, not "
         "measured: the pool manager had been acquiring executors: starting the topology gpu0, gpu1, cpu0, cpu1 and 13 "

@@ -123,7 +123,7 @@ def run_search(searcher: StagedSearch, setup: TrialSetup, trials: int, budget_s:
     tuner.fit()
     unlogged = [trial for trial in searcher.unreported() if trial[0] not in logged]
     manager_now = _manager_now(setup.manager_name) if unlogged else None
-    for trial_id, config, result in stopped_trials(unlogged, logged, manager_now, time.time()):
+    for trial_id, config, result in stopped_trials(unlogged, logged, manager_now, time.time(), setup.objectives):
         logged.add(trial_id)
         t0 = time.perf_counter()
         logger.log(progress.done + 1, config, result, trial_id)
@@ -146,11 +146,15 @@ def _manager_now(manager_name: str) -> dict[str, Any] | None:
 
 
 def stopped_trials(unreported: list[tuple[str, dict[str, Any], float]], logged: set[str | None],
-                   manager_now: dict[str, Any] | None, now: float) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+                   manager_now: dict[str, Any] | None, now: float,
+                   objectives: ObjectiveSet) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
     """Each trial suggested that never reported and was not logged otherwise (a crash is, as ``error``), with
-    the result it is logged with: ``cut`` at the search's time budget, its seconds, and where they went from the
-    pool manager's ``now`` (``manager_now``: None where it did not answer). A two-GPU vgg16 tune logged no trial
-    in its last 100 s and said nothing of why (BENCHMARKS.md 47): the trial is neither lost nor unexplained."""
+    the result it is logged with: ``cut`` at the search's time budget, its seconds, where they went from the
+    pool manager's ``now`` (``manager_now``: None where it did not answer), and each objective's worst value, as
+    any trial not ok. A two-GPU vgg16 tune logged no trial in its last 100 s and said nothing of why
+    (BENCHMARKS.md 47): the trial is neither lost nor unexplained."""
+    from autohet.tuning.trainable import objective_metrics
+
     out = []
     for trial_id, config, suggested in unreported:
         if trial_id in logged:
@@ -159,8 +163,8 @@ def stopped_trials(unreported: list[tuple[str, dict[str, Any], float]], logged: 
         strategy = config.get("strategy", "?")
         error = (f"a {strategy} trial ({_dims(config)}) was stopped at the search's time budget after {seconds:.0f} s, "
                  f"not measured: {_where(manager_now, seconds)}")
-        out.append((trial_id, config, {"status": "cut", "strategy": strategy, "error": error,
-                                       TrialKey.TRIAL: seconds}))
+        result: dict[str, Any] = {"status": "cut", "strategy": strategy, "error": error, TrialKey.TRIAL: seconds}
+        out.append((trial_id, config, {**result, **objective_metrics(result, objectives)}))
     return out
 
 
