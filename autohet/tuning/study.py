@@ -170,14 +170,11 @@ def stopped_trials(unreported: list[tuple[str, dict[str, Any], float]], logged: 
 
 def _dims(config: dict[str, Any]) -> str:
     """A trial's pool dims and executor params, by kind: "cpu_group_size=2; gpu batch=256, backend=inductor"."""
-    pool = ", ".join(f"{k.removeprefix('pool.')}={v}" for k, v in sorted(config.items()) if k.startswith("pool."))
-    kinds: dict[str, list[str]] = {}
-    for key, value in sorted(config.items()):
-        if key.startswith("exec.") and key.count(".") >= 2:
-            kind, name = key.removeprefix("exec.").split(".", 1)
-            kinds.setdefault(kind, []).append(f"{name}={value}")
-    execs = "; ".join(f"{kind} {', '.join(values)}" for kind, values in kinds.items())
-    return "; ".join([pool or "the pool as it is", execs or "the executors as they are"])
+    _, _, executors, pool = SearchSpace.decode({"strategy": "?", **config})
+    dims = ", ".join(f"{k}={v}" for k, v in sorted(pool.items()))
+    execs = "; ".join(f"{kind} {', '.join(f'{k}={v}' for k, v in sorted(params.items()))}"
+                      for kind, params in sorted(executors.items()))
+    return "; ".join([dims or "the pool as it is", execs or "the executors as they are"])
 
 
 def _where(manager_now: dict[str, Any] | None, seconds: float) -> str:
