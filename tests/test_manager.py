@@ -766,6 +766,29 @@ def test_on_four_gpus_two_cold_compiles_run_at_once_and_no_setting_twice(monkeyp
     assert ahead.waited == [0, 1] and [(a, p["batch"]) for a, p, _ in ahead.started[5:]] == [(actors[2], 256)]
 
 
+def test_a_setting_no_gpu_holds_is_compiled_on_one_gpu_and_set_up_on_the_others_from_the_cache(
+        two_gpu_machine: PoolSpec) -> None:
+    """Issue 46: a data-parallel trial drawn at a GPU setting no executor held had both GPUs compile it cold
+    at once (BENCHMARKS.md 48: 16.4 s of compiling for a tf32 setting). gpu0 compiles it, then gpu1 sets it
+    up from the cache; the CPU groups, on cores of their own, are set up beside gpu0."""
+    manager = _ahead_manager(two_gpu_machine, FakeAhead(), plan=[])
+    manager.acquire({}, {})
+    pool = FakePool.made[-1]
+    tf32 = {"gpu": {**_INDUCTOR, "precision": "tf32"}, "cpu": {"batch": 8}}
+    _, _, compile_s = manager.acquire({}, tf32)
+    assert pool.pushed[-2:] == [[0, 2, 3], [1]] and pool.unconfigured == set()
+    assert compile_s == 4.0  # exact: the fake's 1 s for each of the four set-ups, none twice
+    manager.acquire({}, tf32)  # every executor holds it now: all at once (a no-op where unchanged)
+    assert pool.pushed[-1] == [0, 1, 2, 3]
+    manager.acquire({}, {"gpu": {"backend": "cudagraphs", "batch": 64}})  # a backend that compiles nothing
+    assert pool.pushed[-1] == [0, 1, 2, 3]
+    b512 = {"gpu": {**_INDUCTOR, "batch": 512, "precision": "fp16"}}
+    manager.acquire({}, b512, only=[1])  # a single's GPU compiles it; the others wait for a run that uses them
+    assert pool.pushed[-1] == [1] and pool.unconfigured == {0, 2, 3}
+    manager.acquire({"max_cpu_groups": 0}, b512)  # the GPUs together: gpu1 holds it, gpu0 sets it up warm
+    assert FakePool.made[-1].pushed[-1] == [0, 1]
+
+
 def test_the_gpus_together_on_live_actors_do_not_wait_for_a_cpu_group_loading(two_gpu_machine: PoolSpec) -> None:
     """The group of every core loads on the cores no GPU feeds; a trial of the GPUs alone runs beside it, as a
     GPU single does; a topology that starts actors of its own, or a trial on a CPU group, waits for it."""

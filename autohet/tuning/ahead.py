@@ -212,6 +212,29 @@ class CompileAhead:
         for i in indices:
             self.held.setdefault(identity(spec.executors[i]), set()).add(setting(spec.executors[i]))
 
+    def known(self, ahead: Setting) -> bool:
+        """Whether ``ahead`` is in the compile cache: an executor's actor holds it, or a child set it up aside."""
+        return ahead in self.cached or any(ahead in held for held in self.held.values())
+
+    def compiled_after(self, spec: PoolSpec, indices: Collection[int]) -> list[int]:
+        """Those of ``indices`` (``spec`` at a trial's settings) to set up only once another GPU of their node
+        has compiled their setting, from the cache: a data-parallel trial drawn at a setting no executor held
+        had each GPU compile it cold at once (resnet18's two GPUs at a sampled tf32 setting: 16.4 s of
+        compiling in 9.0 s of acquiring, BENCHMARKS.md 48). CPU groups compile on cores of their own and stay
+        side by side."""
+        first: set[tuple[str | None, Setting]] = set()
+        later = []
+        for i in sorted(indices):
+            e = spec.executors[i]
+            ahead = setting(e)
+            if not e.uses_gpu or not backend(ahead.backend).compiles or self.known(ahead):
+                continue
+            if (e.node, ahead) in first:
+                later.append(i)
+            else:
+                first.add((e.node, ahead))
+        return later
+
     def forget(self, executor: Identity) -> None:
         """``executor``'s actor ended: it holds nothing, and its jobs will not end well (a fresh actor of the
         same identity must not be ended for them, nor wait on them)."""
@@ -332,7 +355,7 @@ class CompileAhead:
     def _add(self, executor: ExecutorSpec, params: dict[str, Any], handle: Any, aside: bool = False,
              after: bool = False) -> None:
         ahead = setting(executor.with_params(params))
-        cold = not after and ahead not in self.cached and not any(ahead in held for held in self.held.values())
+        cold = not after and not self.known(ahead)
         self.jobs.append(_Job(identity(executor), (executor.node, executor.gpu), ahead, handle, aside, cold, after))
         self.started += 1
 
@@ -387,8 +410,7 @@ class CompileAhead:
             ahead = setting(executor.with_params(params))
             if not backend(ahead.backend).compiles or ahead in mine or ahead in compiling:
                 continue
-            known = ahead in self.cached or any(ahead in held for held in self.held.values())
-            (warm if known else cold).append(params)
+            (warm if self.known(ahead) else cold).append(params)
         return cold, warm
 
     def abandon(self) -> None:

@@ -174,9 +174,14 @@ class PoolManager:
             self.actors_adopted += len(adopt)
         self.last_used.update(dict.fromkeys(key, self.acquires))
         self._evict(set(key))
-        self._step(f"acquiring executors: setting up {_names(key if only is None else [key[i] for i in used])} with "
+        targets = list(range(len(key))) if only is None else used
+        later = self.ahead.compiled_after(self.pool.spec.with_executor_params(exec_params), targets)
+        self._step(f"acquiring executors: setting up {_names([key[i] for i in targets if i not in later])} with "
                    "the trial's executor params")
-        compile_s += self.pool.configure(exec_params, only) or 0.0
+        compile_s += self.pool.configure(exec_params, [i for i in targets if i not in later]) or 0.0
+        if later:  # from the cache the first of their GPUs' setting filled
+            self._step(f"acquiring executors: setting up {_names([key[i] for i in later])} from the compile cache")
+            compile_s += self.pool.configure_rest(later) or 0.0
         self.ahead.note_set_up(self.pool.spec, set(range(len(self.pool.spec.executors))) - self.pool.unconfigured)
         if not self.loading:
             self.ahead.start(self.pool.spec, self.pool.actors, used)
