@@ -104,7 +104,8 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
         phases = sum(run.data.metrics[f"time.{p}_s"] for p in ("acquire", "run", "standalone"))
         assert phases == pytest.approx(run.data.metrics["time.trial_s"])
         if status == "refused":  # not run: logged with why, and its worst value (a refusal reads the load's figures)
-            assert run.data.tags["error"] and run.data.metrics["objective_value"] == 0.0, (name, run.data.tags)  # exact
+            # exact: the worst value a trial not run is given
+            assert run.data.tags["error"] and run.data.metrics["objective_value"] == 0.0, (name, run.data.tags)
             continue
         assert {"throughput_ips", "limit_ips", "efficiency", "share.cpu0"} <= set(run.data.metrics), (name, status)
         # a busy time summed from the run's units, or (split, coedge, channels: a few timed frames scaled)
