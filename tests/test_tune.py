@@ -133,14 +133,25 @@ def test_tune_logs_every_trial_exports_best_and_never_an_invalid_one(tmp_path, m
     assert best["measured"]["output_ok"] is True
     assert best["mlflow"]["run_id"] in {r.info.run_id for r in trials}
     assert best["platform"]["cpu_cores"] == os.cpu_count()
-    # the finals: the two best distinct configurations ran again; the better final figure is exported
-    assert "autohet: finals (2 configurations within 99% of the best trial, 1 round(s) by turns)" in proc.stderr
-    finalists = [r for r in trials if r.data.tags.get("finalist") == "true"]
-    assert len(finalists) == 2 and all(r.data.tags["status"] == "ok" for r in finalists)
-    winner = max(finalists, key=lambda r: r.data.metrics["final_objective_value"])
-    assert parent.data.tags["final_choice"] == winner.info.run_id == best["mlflow"]["run_id"]
+    # the finals: the two best distinct configurations ran again; the better final figure is exported. A
+    # final run that the other test process's load slowed past its time is cut (or refused): that finalist
+    # is out, tagged why (one run in eight here), and the one standing wins; none standing: the best trial
+    finals = [r for r in trials if "finalist" in r.data.tags]
+    assert len(finals) == 2 and all(r.data.tags["status"] == "ok" for r in finals)
     valid = [r.data.metrics["objective_value"] for r in trials if r.data.tags["valid"] == "true"]
-    assert max(valid) in {r.data.metrics["objective_value"] for r in finalists}  # the best trial is one of them
+    assert max(valid) in {r.data.metrics["objective_value"] for r in finals}  # the best trial is one of them
+    standing = [r for r in finals if r.data.tags["finalist"] == "true"]
+    outs = [r.data.tags.get("finalist_out", "") for r in finals if r.data.tags["finalist"] == "out"]
+    assert len(standing) + len(outs) == 2 and all(why.startswith(("cut:", "refused:")) for why in outs), outs
+    finals_line = "autohet: finals (2 configurations within 99% of the best trial, "
+    if standing:
+        assert finals_line + "1 round(s) by turns)" in proc.stderr
+        winner = max(standing, key=lambda r: r.data.metrics["final_objective_value"])
+        assert parent.data.tags["final_choice"] == winner.info.run_id == best["mlflow"]["run_id"]
+    else:
+        assert finals_line + "no round finished" in proc.stderr and "final_choice" not in parent.data.tags
+        winner = max(finals, key=lambda r: r.data.metrics["objective_value"])
+        assert winner.info.run_id == best["mlflow"]["run_id"]
     assert best["measured"]["throughput_ips"] == pytest.approx(winner.data.metrics["objective_value"])
 
     # the rerun (in-process executors), compare and export: the command in this process, as test_cli's
