@@ -202,15 +202,20 @@ def host_copy_ceiling(model: str, precision: str, thread_counts: list[int], seco
     src = torch.randn((rows, *shape))
     dst = torch.empty((rows, *shape), dtype=DTYPES[precision], pin_memory=torch.cuda.is_available())
     out = {}
-    for threads in thread_counts:
-        os.environ["AUTOHET_COPY_THREADS"] = str(threads)
-        copy_parts(dst, [src])  # the pool started, the pages touched
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            copy_parts(dst, [src])
-            done += rows
-        out[f"host_stage_ips_{threads}t"] = done / (time.perf_counter() - start)
-    os.environ.pop("AUTOHET_COPY_THREADS", None)
+    given = os.environ.get("AUTOHET_COPY_THREADS")
+    try:
+        for threads in thread_counts:
+            os.environ["AUTOHET_COPY_THREADS"] = str(threads)
+            copy_parts(dst, [src])  # the pool started, the pages touched
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                copy_parts(dst, [src])
+                done += rows
+            out[f"host_stage_ips_{threads}t"] = done / (time.perf_counter() - start)
+    finally:  # the caller's setting back
+        os.environ.pop("AUTOHET_COPY_THREADS", None)
+        if given is not None:
+            os.environ["AUTOHET_COPY_THREADS"] = given
     return out
 
 

@@ -12,7 +12,9 @@
 # stream: a fifo config over every GPU (units of 4 batches, BACKENDS: inductor cudagraphs; CPU_GROUP=8: also
 # with an 8-core ONNX Runtime group beside them) through bench.runtime_load in a fresh process each (IMAGES,
 # default 30000; ROUNDS: run and streams by turns): run, float32 stream, pixels stream, and each lane's images
-# and busy time (no wheels needed; STACKS=1: every thread's stacks sampled, printed).
+# and busy time (no wheels needed; STACKS=1: every thread's stacks sampled, printed; PLAIN=0: only the config
+# with the group; BASE=<folder holding another autohet package>: an A/B of a code change, each config's process
+# on that package and then on this one, PAIRS times by turns).
 # serve: that config (CONFIG) behind `autohet serve` at saturation against its offline stream, then a GPU
 # replica killed mid-load (FAULT=0: not).
 # Logs and JSON go to $OUT.
@@ -42,7 +44,8 @@ case "$1" in
   stream)
     n=$(nvidia-smi -L | wc -l)
     for b in ${BACKENDS:-inductor cudagraphs}; do
-     for g in 0 ${CPU_GROUP:-}; do
+     groups="0 ${CPU_GROUP:-}"; [ "${PLAIN:-1}" = 0 ] && groups=${CPU_GROUP:?PLAIN=0 needs CPU_GROUP}
+     for g in $groups; do
       name=fifo${n}_$b; [ "$g" = 0 ] || name=${name}_cpu$g
       python3 - "$n" "$b" "$g" "$W/$name.yaml" <<'EOF'
 import sys
@@ -58,11 +61,18 @@ if group:  # an ONNX Runtime group on the next cores, beside the GPUs
 write_config(RunConfig(ModelSpec("resnet18"), PoolSpec("gpus", execs), "fifo", {"c": 4, "unit": "batches"},
                        images=20000), path)
 EOF
-      log "autohet.load of $name (fifo over $n GPUs, $b; cpuN: an N-core CPU group beside), a fresh process: its run, its streams, each lane"
-      t timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/$name.yaml" \
-        --images ${IMAGES:-30000} ${ROUNDS:+--rounds $ROUNDS} ${STACKS:+--stacks} --out "$W/stream_$name.json" \
-        > "$W/stream_$name.log" 2>&1
-      grep -v -i warn "$W/stream_$name.log" | tail -n ${STREAM_LINES:-8}
+      for k in $(seq ${PAIRS:-1}); do
+       for tree in ${BASE:+base} head; do
+        run=$name; [ "${PAIRS:-1}" = 1 ] || run=${name}_$k; [ -n "${BASE:-}" ] && run=${name}_${tree}$k
+        log "autohet.load of $name (fifo over $n GPUs, $b; cpuN: an N-core CPU group beside), a fresh process on the $tree package: its run, its streams, each lane"
+        path=$PYTHONPATH; [ "$tree" = base ] && path=$(cd "$BASE" && pwd):$PYTHONPATH
+        # PYTHONSAFEPATH: `-m` would put the current folder, this package, ahead of the path
+        t env PYTHONSAFEPATH=1 PYTHONPATH="$path" timeout -k 10 ${STREAM_TIMEOUT:-200} python3 -m bench.runtime_load --config "$W/$name.yaml" \
+          --images ${IMAGES:-30000} ${ROUNDS:+--rounds $ROUNDS} ${STACKS:+--stacks} --out "$W/stream_$run.json" \
+          > "$W/stream_$run.log" 2>&1
+        grep -v -i warn "$W/stream_$run.log" | tail -n ${STREAM_LINES:-8}
+       done
+      done
      done
     done ;;
   models)

@@ -69,17 +69,34 @@ def streamed(path: str, images: int, batch: int | None, window: int | None = Non
         size = batch or max(e.batch for e in runner.config.pool.executors)
         steady, cold = stream_ips(runner, images, size, stacks=stacks)
         executors = _executor_shares(runner)
+        ceiling = host_stage_ceiling(runner)
         pixels, pixels_cold = stream_ips(runner, images, size, pixels=True, stacks=stacks)
         how = {"batch": size, "window": runner.window, "stream_cold_ips": cold, "pixels_ips": pixels,
                "pixels_cold_ips": pixels_cold, "pixels_on_device": runner.device_pixels,
                "served": runner.describe()["served"], "executors": executors,
-               "pixels_executors": _executor_shares(runner)}
+               "pixels_executors": _executor_shares(runner), **ceiling}
         if _has_cuda():  # float32 and pixels from page-locked memory: a GPU reads them where they lie
             how["pinned_ips"] = stream_ips(runner, images, size, stacks=stacks, pinned=True)[0]
             how["pinned_executors"] = _executor_shares(runner)
             how["pinned_pixels_ips"] = stream_ips(runner, images, size, pixels=True, stacks=stacks, pinned=True)[0]
             how["pinned_pixels_executors"] = _executor_shares(runner)
         return steady, how
+
+
+def host_stage_ceiling(runner: Any) -> dict[str, float]:
+    """What this process's host alone stages now, float32 into the GPUs' compute dtype on the default copy
+    threads, with nothing on the GPUs (``bench.multi_gpu.host_copy_ceiling``): a float32 stream from pageable
+    memory stages every image that way, so a stream near this is bound by the host, not by its lanes. Empty
+    without a GPU executor."""
+    from autohet.platform.host_copy import copy_threads
+    from bench.multi_gpu import host_copy_ceiling
+
+    gpus = [e for e in runner.config.pool.executors if e.is_gpu]
+    if not gpus or not _has_cuda():
+        return {}
+    threads = copy_threads()
+    got = host_copy_ceiling(runner.model.name, gpus[0].precision, [threads], seconds=1.0)
+    return {"host_stage_ips": got[f"host_stage_ips_{threads}t"], "copy_threads": threads}
 
 
 def _has_cuda() -> bool:
@@ -235,8 +252,11 @@ def main() -> None:
             pinned = f", float32 page-locked {how['pinned_ips']:.0f} ({how['pinned_ips'] / run_ips:.3f}x), pixels " \
                 f"page-locked {how['pinned_pixels_ips']:.0f} ({how['pinned_pixels_ips'] / run_ips:.3f}x)" \
                 if "pinned_ips" in how else ""
+            host = f" (the host alone stages {how['host_stage_ips']:.0f} on {how['copy_threads']} copy threads: the " \
+                f"stream at {load_ips / how['host_stage_ips']:.3f} of it)" if "host_stage_ips" in how else ""
             print(f"round {k + 1}: run {run_ips:.0f} img/s, float32 stream {load_ips:.0f} ({load_ips / run_ips:.3f}x)"
-                  f"{pinned}, pixels {how['pixels_ips']:.0f} ({how['pixels_ips'] / run_ips:.3f}x){lanes}", flush=True)
+                  f"{host}{pinned}, pixels {how['pixels_ips']:.0f} ({how['pixels_ips'] / run_ips:.3f}x){lanes}",
+                  flush=True)
         ratios = sorted(range(len(rounds)), key=lambda k: rounds[k][1] / rounds[k][0])
         run_ips, load_ips, how = rounds[ratios[len(ratios) // 2]]  # the round of the median stream/run ratio
         row: dict[str, Any] = {"model": config.model.name, "strategy": config.strategy, "images": images,
@@ -244,12 +264,15 @@ def main() -> None:
                                "run_ips": run_ips, "load_ips": load_ips, "load_over_run": load_ips / run_ips,
                                "pixels_over_run": how["pixels_ips"] / run_ips,
                                **{k: v for k, v in how.items() if k != "served"}}
+        if "host_stage_ips" in how:
+            row["load_over_host_stage"] = load_ips / how["host_stage_ips"]
         if "pinned_ips" in how:
             row["pinned_over_run"] = how["pinned_ips"] / run_ips
             row["pinned_pixels_over_run"] = how["pinned_pixels_ips"] / run_ips
         if len(rounds) > 1:
             row["rounds"] = [{"run_ips": r, "load_over_run": s / r, "pixels_over_run": h["pixels_ips"] / r,
                               "pinned_over_run": h.get("pinned_ips", float("nan")) / r,
+                              "load_over_host_stage": s / h.get("host_stage_ips", float("nan")),
                               "pinned_pixels_over_run": h.get("pinned_pixels_ips", float("nan")) / r,
                               "executors": h["executors"]} for r, s, h in rounds]
             print("rounds (stream/run, pixels/run, page-locked float32/run, page-locked pixels/run): " + ", ".join(
@@ -270,7 +293,8 @@ def main() -> None:
             row.update(files(path, jpegs, 64 if args.smoke else args.jpeg_size, folder / "jpegs"))
             row["files_over_load"] = row["files_ips"] / load_ips
     columns = ("model", "strategy", "images", "window_given", "batch", "run_ips", "tune_ips", "load_ips",
-               "stream_cold_ips", "load_over_run", "load_over_tune", "pixels_ips", "pixels_on_device",
+               "stream_cold_ips", "load_over_run", "host_stage_ips", "load_over_host_stage", "load_over_tune",
+               "pixels_ips", "pixels_on_device",
                "pixels_over_run", "pinned_ips", "pinned_over_run", "pinned_pixels_ips", "pinned_pixels_over_run",
                "pixels_over_tune", "files", "files_ips", "files_over_load", "decode_cores")
     emit("runtime_load", [row], [c for c in columns if c in row], args.out)

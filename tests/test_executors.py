@@ -229,7 +229,7 @@ def test_a_cpu_group_keeps_its_team_when_another_thread_sets_one_thread():
     process-wide and a thread's first op resets its team to it; this failed (1 thread) before
     ``own_threads``."""
 
-    from autohet.executors.cpu import own_threads
+    from autohet.platform.cores import own_threads
 
     group_set, feeder_set = threading.Event(), threading.Event()
     seen: list[int] = []

@@ -219,6 +219,26 @@ def test_a_large_copy_split_over_threads_gives_the_same_rows():
     assert _pool(copy_threads()).submit(lambda: os.sched_getaffinity(0)).result(timeout=60) == _cores()
 
 
+def test_a_copy_thread_copies_on_a_team_of_one_whatever_count_an_executor_set():
+    """torch makes a thread's intra-op team at its first parallel op, of the process-wide count the last
+    ``torch.set_num_threads`` stored: after a CPU group of eight cores had set its own, each of sixteen copy
+    threads staging a stream copied on a team of eight. The pool's threads are the copy's parallelism: a
+    team of one each (3, the count set here, before)."""
+    import torch
+
+    from autohet.platform.cores import own_threads
+    from autohet.platform.host_copy import _pool
+
+    threads = torch.get_num_threads()
+    try:
+        own_threads(3)  # a CPU group's thread: the process-wide count is 3 now
+        pool = _pool(5)  # a fresh pool, its threads made after that
+        teams = {pool.submit(torch.get_num_threads).result(timeout=60) for _ in range(10)}
+    finally:
+        torch.set_num_threads(threads)
+    assert teams == {1}
+
+
 def test_the_copy_threads_use_the_process_cores_after_an_executor_pinned_the_main_thread(monkeypatch):
     """A Ray actor runs its methods on the process's main thread, and a GPU executor pins that thread to
     its one feeding core: the copy threads, sized and unpinned by the main thread's affinity, were one."""

@@ -25,11 +25,10 @@ from autohet.core.workload import Workload
 from autohet.executors.base import Executor, UnitResult
 from autohet.executors.compiled import check_backend
 from autohet.executors.cpu_backends import CpuProgram, ModelSource, cpu_backend
-from autohet.platform.cores import note_process_cores
+from autohet.platform.cores import note_process_cores, own_threads
 from autohet.platform.gc_control import let_go
 
-__all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "own_threads",
-           "pin_thread"]
+__all__ = ["KEEP_VARIANTS_MIN_AVAILABLE", "CpuExecutor", "bind_team", "memory_available_share", "pin_thread"]
 
 _PINNED = threading.local()
 
@@ -54,18 +53,6 @@ def memory_available_share() -> float:
             total, available = limit, min(available, max(0, limit - usage))
         break
     return available / max(1, total)
-
-
-def own_threads(n: int) -> None:
-    """Gives the calling thread an intra-op team of ``n`` threads that no other thread can change.
-
-    ``torch.set_num_threads`` also stores a process-wide count, and a thread's first parallel op
-    resets its team to that count (torch's lazy per-thread init). A CPU group's thread that set its
-    count and then saw a GPU executor's thread set 1 (its feeder core) before its first op ran on one
-    thread (docs/why.md, executors/cpu.py). Asking first runs that init now, so the count set after it
-    stays this thread's."""
-    torch.get_num_threads()
-    torch.set_num_threads(max(1, n))
 
 
 def bind_team(cores: tuple[int, ...]) -> list[int]:

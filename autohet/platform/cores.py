@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["copy_cores", "descendants", "note_feeder_cores", "note_process_cores", "pin_descendants",
-           "process_cores"]
+__all__ = ["copy_cores", "descendants", "note_feeder_cores", "note_process_cores", "own_threads",
+           "pin_descendants", "process_cores"]
 
 _PROCESS_CORES: frozenset[int] | None = None  # the cores of the first thread an executor pinned, before it did
 _FEEDER_CORES: set[int] = set()  # the cores GPU executors of this process pinned their launching threads to
@@ -55,6 +55,21 @@ def copy_cores() -> frozenset[int]:
         return cores
     left = cores - _FEEDER_CORES
     return left or cores
+
+
+def own_threads(n: int) -> None:
+    """Gives the calling thread an intra-op team of ``n`` threads that no other thread can change.
+
+    ``torch.set_num_threads`` also stores a process-wide count, and a thread's first parallel op
+    resets its team to that count (torch's lazy per-thread init). A CPU group's thread that set its
+    count and then saw a GPU executor's thread set 1 (its feeder core) before its first op ran on one
+    thread (docs/why.md, executors/cpu.py); each host copy thread, made after a CPU group had set
+    its count, ran its copies on a team that large (``platform.host_copy``). Asking first runs that
+    init now, so the count set after it stays this thread's."""
+    import torch
+
+    torch.get_num_threads()
+    torch.set_num_threads(max(1, n))
 
 
 def descendants(pid: int | None = None) -> list[int]:

@@ -4,8 +4,11 @@ A stream's window is a gigabyte of images: copied into the runner's buffer and s
 pinned buffer in its precision once per call. On one thread those copies take several times the GPU's
 run of the window (docs/why.md, platform/host_copy.py), and a thread's torch copies run on one thread
 once an executor has set torch's thread count to its cores. Row chunks on a pool of plain threads,
-each copying its chunk (torch releases the interpreter lock while it copies), use the cores of this
-process instead, less those its GPU executors feed their GPUs from (``platform.cores.copy_cores``).
+each copying its chunk on a team of one (torch releases the interpreter lock while it copies), use the
+cores of this process instead, less those its GPU executors feed their GPUs from
+(``platform.cores.copy_cores``). A copy thread's team is its own: made by torch at its first copy, it
+took the process-wide count of whichever executor had set one last, so a CPU group of eight cores
+that loaded after the GPUs left sixteen copy threads of eight each on 30 cores (BENCHMARKS.md 49).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from autohet.core.settings import CHUNK_BYTES
-from autohet.platform.cores import copy_cores
+from autohet.platform.cores import copy_cores, own_threads
 
 __all__ = ["copy_parts", "copy_rows", "copy_threads"]
 
@@ -32,9 +35,11 @@ def _cores() -> frozenset[int]:
     return copy_cores()
 
 
-def _unpin(cores: frozenset[int]) -> None:
-    if hasattr(os, "sched_setaffinity"):  # a pool thread inherits its creator's pinning: undo it
+def _start_copy_thread(cores: frozenset[int]) -> None:
+    """A pool thread on the copy cores (it inherits its creator's pinning: undone) with a team of one."""
+    if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(threading.get_native_id(), cores)
+    own_threads(1)
 
 
 def copy_threads() -> int:
@@ -61,7 +66,7 @@ def _pool(threads: int) -> ThreadPoolExecutor:
             if _POOL is not None:
                 _POOL.shutdown(wait=False)
             _POOL, _POOL_KEY = ThreadPoolExecutor(threads, thread_name_prefix="autohet-copy",
-                                                  initializer=_unpin, initargs=(key[1],)), key
+                                                  initializer=_start_copy_thread, initargs=(key[1],)), key
         return _POOL
 
 
