@@ -176,9 +176,10 @@ class PoolManager:
         self._evict(set(key))
         targets = list(range(len(key))) if only is None else used
         later = self.ahead.compiled_after(self.pool.spec.with_executor_params(exec_params), targets)
-        self._step(f"acquiring executors: setting up {_names([key[i] for i in targets if i not in later])} with "
-                   "the trial's executor params")
-        compile_s += self.pool.configure(exec_params, [i for i in targets if i not in later]) or 0.0
+        first = [i for i in targets if i not in later]
+        self._step(f"acquiring executors: setting up {_names([key[i] for i in first])} with the trial's executor "
+                   "params")
+        compile_s += self.pool.configure(exec_params, first) or 0.0
         if later:  # from the cache the first of their GPUs' setting filled
             self._step(f"acquiring executors: setting up {_names([key[i] for i in later])} from the compile cache")
             compile_s += self.pool.configure_rest(later) or 0.0
